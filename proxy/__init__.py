@@ -1,0 +1,1 @@
+"""hms-cache-proxy."""

@@ -1,0 +1,311 @@
+/*
+ * C twin of proxy.wire.binary.PyStructScanner: finds where a binary-protocol struct ends in
+ * bytes that arrive in pieces, resuming where it stopped, skipping values without decoding.
+ *
+ * Why C: the pure-Python scanner needs about 0.3 s for a 12 MB reply of 10,000 partitions,
+ * as long as the HMS takes to produce it. This one needs a few milliseconds. The behaviour
+ * (positions, errors, limits) is the same; tests run both over the same random messages.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <structmember.h>
+
+enum { TT_STOP = 0, TT_BOOL = 2, TT_BYTE = 3, TT_DOUBLE = 4, TT_I16 = 6, TT_I32 = 8, TT_I64 = 10,
+       TT_STRING = 11, TT_STRUCT = 12, TT_MAP = 13, TT_SET = 14, TT_LIST = 15, TT_UUID = 16 };
+enum { IN_STRUCT = 0, IN_SEQUENCE = 1, IN_MAP = 2 };
+
+static PyObject *ProtocolError;
+static PyObject *LimitExceeded;
+
+typedef struct {
+    int kind;
+    int64_t remaining;
+    int t1, t2;
+} Frame;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t pos;
+    Py_ssize_t limit;
+    int max_depth;
+    int depth;
+    int pending;
+    Frame *stack;
+} Scanner;
+
+/* Bytes of a fixed-size type, 0 for variable-size, -1 for no such type. */
+static int fixed_size(int t) {
+    switch (t) {
+    case TT_BOOL: case TT_BYTE: return 1;
+    case TT_I16: return 2;
+    case TT_I32: return 4;
+    case TT_DOUBLE: case TT_I64: return 8;
+    case TT_UUID: return 16;
+    case TT_STRING: case TT_STRUCT: case TT_MAP: case TT_SET: case TT_LIST: return 0;
+    default: return -1;
+    }
+}
+
+static int min_size(int t) {
+    switch (t) {
+    case TT_STRING: return 4;
+    case TT_STRUCT: return 1;
+    case TT_MAP: return 6;
+    case TT_SET: case TT_LIST: return 5;
+    default: return fixed_size(t);
+    }
+}
+
+static int32_t read_i32(const unsigned char *p) {
+    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) |
+                     (uint32_t)p[3]);
+}
+
+static int Scanner_init(Scanner *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"pos", "limit", "max_depth", NULL};
+    Py_ssize_t pos, limit;
+    int max_depth = 64;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nn|i", kwlist, &pos, &limit, &max_depth))
+        return -1;
+    if (max_depth < 1 || max_depth > 4096) {
+        PyErr_SetString(PyExc_ValueError, "max_depth must be between 1 and 4096");
+        return -1;
+    }
+    PyMem_Free(self->stack);
+    self->stack = PyMem_Calloc((size_t)max_depth, sizeof(Frame));
+    if (self->stack == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->pos = pos;
+    self->limit = limit;
+    self->max_depth = max_depth;
+    self->depth = 1;
+    self->stack[0].kind = IN_STRUCT;
+    self->pending = -1;
+    return 0;
+}
+
+static void Scanner_dealloc(Scanner *self) {
+    PyMem_Free(self->stack);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Push a list/set/map, or skip it whole when its items have a fixed size. 0 ok, -1 error. */
+static int open_container(Scanner *self, Py_ssize_t *pos, int64_t size, int t1, int t2,
+                          int kind) {
+    if (size < 0) {
+        PyErr_Format(ProtocolError, "negative container size %lld", (long long)size);
+        return -1;
+    }
+    int m1 = min_size(t1), m2 = kind == IN_MAP ? min_size(t2) : 0;
+    if (m1 < 0 || m2 < 0) {
+        if (size == 0) return 0; /* Java writes a zero element type for some empty containers */
+        PyErr_Format(ProtocolError, "unknown element type %d", m1 < 0 ? t1 : t2);
+        return -1;
+    }
+    if (*pos + size * (int64_t)(m1 + m2) > self->limit) {
+        PyErr_Format(LimitExceeded, "container of %lld items cannot fit the message size limit",
+                     (long long)size);
+        return -1;
+    }
+    if (size == 0) return 0;
+    int w1 = fixed_size(t1), w2 = kind == IN_MAP ? fixed_size(t2) : 1;
+    if (w1 > 0 && w2 > 0) {
+        *pos += size * (int64_t)(w1 + (kind == IN_MAP ? w2 : 0));
+        return 0;
+    }
+    if (self->depth >= self->max_depth) {
+        PyErr_Format(ProtocolError, "containers nested deeper than %d", self->max_depth);
+        return -1;
+    }
+    Frame *f = &self->stack[self->depth++];
+    f->kind = kind;
+    f->remaining = kind == IN_MAP ? size * 2 : size;
+    f->t1 = t1;
+    f->t2 = t2;
+    return 0;
+}
+
+/* The scanning loop; returns 1 done, 0 needs more bytes, -1 error. */
+static int run(Scanner *self, const unsigned char *buf, Py_ssize_t end) {
+    Py_ssize_t pos = self->pos;
+    Py_ssize_t limit = self->limit;
+    int pending = self->pending;
+    int result = 0;
+    if (end < 0) end = 0;
+    while (self->depth > 0) {
+        if (pending < 0) {
+            Frame *f = &self->stack[self->depth - 1];
+            if (f->kind == IN_STRUCT) {
+                if (pos >= end) goto need_more;
+                int ftype = buf[pos];
+                if (ftype == TT_STOP) {
+                    pos += 1;
+                    self->depth--;
+                    continue;
+                }
+                if (pos + 3 > end) goto need_more;
+                pos += 3;
+                pending = ftype;
+            } else {
+                if (f->remaining == 0) {
+                    self->depth--;
+                    continue;
+                }
+                int64_t remaining = f->remaining--;
+                pending = (f->kind == IN_SEQUENCE || remaining % 2 == 0) ? f->t1 : f->t2;
+            }
+        }
+        switch (pending) {
+        case TT_STRING: {
+            if (pos + 4 > end) goto need_more;
+            int32_t size = read_i32(buf + pos);
+            if (size < 0) {
+                PyErr_Format(ProtocolError, "negative string length %d", (int)size);
+                goto error;
+            }
+            pos += 4 + (Py_ssize_t)size;
+            if (pos > limit) {
+                PyErr_SetString(LimitExceeded, "string runs past the message size limit");
+                goto error;
+            }
+            break;
+        }
+        case TT_STRUCT:
+            if (self->depth >= self->max_depth) {
+                PyErr_Format(ProtocolError, "structs nested deeper than %d", self->max_depth);
+                goto error;
+            }
+            self->stack[self->depth].kind = IN_STRUCT;
+            self->stack[self->depth].remaining = 0;
+            self->depth++;
+            break;
+        case TT_LIST:
+        case TT_SET: {
+            if (pos + 5 > end) goto need_more;
+            int etype = buf[pos];
+            int32_t size = read_i32(buf + pos + 1);
+            pos += 5;
+            if (open_container(self, &pos, size, etype, 0, IN_SEQUENCE) < 0) goto error;
+            break;
+        }
+        case TT_MAP: {
+            if (pos + 6 > end) goto need_more;
+            int ktype = buf[pos], vtype = buf[pos + 1];
+            int32_t size = read_i32(buf + pos + 2);
+            pos += 6;
+            if (open_container(self, &pos, size, ktype, vtype, IN_MAP) < 0) goto error;
+            break;
+        }
+        default: {
+            int width = fixed_size(pending);
+            if (width <= 0) {
+                PyErr_Format(ProtocolError, "unknown field type %d", pending);
+                goto error;
+            }
+            pos += width;
+            if (pos > limit) {
+                PyErr_SetString(LimitExceeded, "value runs past the message size limit");
+                goto error;
+            }
+        }
+        }
+        pending = -1;
+    }
+    result = 1;
+    goto out;
+need_more:
+    result = 0;
+    goto out;
+error:
+    result = -1;
+out:
+    self->pos = pos;
+    self->pending = pending;
+    return result;
+}
+
+static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
+    PyObject *obj;
+    Py_ssize_t end;
+    if (!PyArg_ParseTuple(args, "On", &obj, &end)) return NULL;
+    if (self->depth == 0) Py_RETURN_TRUE;
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (end > view.len) end = view.len;
+    int r = run(self, (const unsigned char *)view.buf, end);
+    PyBuffer_Release(&view);
+    if (r < 0) return NULL;
+    return PyBool_FromLong(r);
+}
+
+static PyObject *Scanner_rebase(Scanner *self, PyObject *arg) {
+    Py_ssize_t dropped = PyLong_AsSsize_t(arg);
+    if (dropped == -1 && PyErr_Occurred()) return NULL;
+    self->pos -= dropped;
+    self->limit -= dropped;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Scanner_get_done(Scanner *self, void *closure) {
+    return PyBool_FromLong(self->depth == 0);
+}
+
+static PyMethodDef Scanner_methods[] = {
+    {"scan", (PyCFunction)Scanner_scan, METH_VARARGS,
+     "scan(buf, end) -> bool: advance over buf[:end]; True once the struct is complete."},
+    {"rebase", (PyCFunction)Scanner_rebase, METH_O,
+     "rebase(dropped): the caller removed this many bytes from the front of its buffer."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Scanner_members[] = {
+    {"pos", T_PYSSIZET, offsetof(Scanner, pos), 0, "offset of the next unread byte"},
+    {"limit", T_PYSSIZET, offsetof(Scanner, limit), 0, "offset the struct may not pass"},
+    {"max_depth", T_INT, offsetof(Scanner, max_depth), READONLY, "nesting limit"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef Scanner_getset[] = {
+    {"done", (getter)Scanner_get_done, NULL, "whether the struct is complete", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ScannerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "proxy.wire._scanner.StructScanner",
+    .tp_basicsize = sizeof(Scanner),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "C twin of proxy.wire.binary.PyStructScanner.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Scanner_init,
+    .tp_dealloc = (destructor)Scanner_dealloc,
+    .tp_methods = Scanner_methods,
+    .tp_members = Scanner_members,
+    .tp_getset = Scanner_getset,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "proxy.wire._scanner", "C struct scanner", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__scanner(void) {
+    if (PyType_Ready(&ScannerType) < 0) return NULL;
+    PyObject *errors = PyImport_ImportModule("proxy.wire.errors");
+    if (errors == NULL) return NULL;
+    ProtocolError = PyObject_GetAttrString(errors, "ProtocolError");
+    LimitExceeded = PyObject_GetAttrString(errors, "LimitExceeded");
+    Py_DECREF(errors);
+    if (ProtocolError == NULL || LimitExceeded == NULL) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&ScannerType);
+    if (PyModule_AddObject(m, "StructScanner", (PyObject *)&ScannerType) < 0) {
+        Py_DECREF(&ScannerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

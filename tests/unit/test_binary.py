@@ -1,0 +1,185 @@
+"""The binary protocol: headers, exceptions and both struct scanners."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.wire import binary
+from proxy.wire.binary import (
+    AppErrorType,
+    MessageType,
+    PyStructScanner,
+    encode_application_exception,
+    encode_header,
+    parse_header,
+    with_seqid,
+)
+from proxy.wire.errors import ProtocolError
+from tests.thrift_values import encode, message, structs
+
+SCANNERS = [PyStructScanner, binary.StructScanner]
+IDS = ["python", "c" if binary.ACCELERATED else "python-again"]
+
+
+def test_the_c_scanner_is_built() -> None:
+    # The fallback is for exotic platforms only; here a missing build is a packaging bug.
+    assert binary.ACCELERATED
+
+
+def test_strict_header_round_trip() -> None:
+    raw = encode_header("get_table", MessageType.CALL, 42) + b"\x00"
+    header = parse_header(raw, 0, len(raw))
+    assert header is not None
+    assert (header.name, header.type, header.seqid, header.strict) == ("get_table", 1, 42, True)
+    assert raw[header.length :] == b"\x00"
+
+
+def test_non_strict_header_is_accepted() -> None:
+    raw = message("get_database", MessageType.CALL, -7, b"\x00", strict=False)
+    header = parse_header(raw, 0, len(raw))
+    assert header is not None
+    assert (header.name, header.type, header.seqid, header.strict) == ("get_database", 1, -7, False)
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_header_needs_every_byte(strict: bool) -> None:
+    raw = message("get_all_databases", MessageType.CALL, 1, b"", strict=strict)
+    for cut in range(len(raw)):
+        assert parse_header(raw, 0, cut) is None
+    assert parse_header(raw, 0, len(raw)) is not None
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\x80\x02\x00\x01" + b"\x00" * 12,  # unknown version
+        b"\x7f\xff\xff\xff" + b"\x00" * 12,  # 2 GB name length
+        b"\x00\x00\x00\x00" + b"\x00" * 12,  # empty name
+        struct.pack(">Ii", 0x80010001, 2) + b"\xff\xfe" + b"\x00" * 4,  # name not UTF-8
+    ],
+)
+def test_garbage_headers_are_rejected(raw: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        parse_header(raw, 0, len(raw))
+
+
+def test_with_seqid_changes_only_the_seqid() -> None:
+    raw = encode_header("get_table", MessageType.REPLY, 5) + b"\x0c\x00\x00\x00\x00"
+    header = parse_header(raw, 0, len(raw))
+    assert header is not None
+    patched = with_seqid(raw, header, 99)
+    assert len(patched) == len(raw)
+    again = parse_header(patched, 0, len(patched))
+    assert again is not None and again.seqid == 99
+    assert patched[header.length :] == raw[header.length :]
+
+
+def test_application_exception_decodes_with_thrift() -> None:
+    from thrift.protocol.TBinaryProtocol import TBinaryProtocol
+    from thrift.Thrift import TApplicationException
+    from thrift.transport.TTransport import TMemoryBuffer
+
+    raw = encode_application_exception("x", 3, AppErrorType.UNKNOWN_METHOD, "Invalid method name: 'x'")
+    proto = TBinaryProtocol(TMemoryBuffer(raw))
+    assert proto.readMessageBegin() == ("x", MessageType.EXCEPTION, 3)
+    exc = TApplicationException()
+    exc.read(proto)
+    assert (exc.type, exc.message) == (1, "Invalid method name: 'x'")
+
+
+def scan_in_pieces(cls: type, data: bytes, start: int, cuts: list[int], limit: int) -> int | None:
+    scanner = cls(start, limit)
+    points = sorted({c for c in cuts if 0 < c < len(data)}) + [len(data)]
+    for end in points:
+        if scanner.scan(data, end):
+            return int(scanner.pos)
+    return None
+
+
+@pytest.mark.parametrize("cls", SCANNERS, ids=IDS)
+@settings(max_examples=300, deadline=None)
+@given(value=structs(), cuts=st.lists(st.integers(0, 2000), max_size=8), tail=st.binary(max_size=5))
+def test_scanner_finds_the_end_however_bytes_arrive(
+    cls: type, value: object, cuts: list[int], tail: bytes
+) -> None:
+    body = encode(value)  # type: ignore[arg-type]
+    data = b"\x01\x02" + body + tail
+    assert scan_in_pieces(cls, data, 2, cuts, 10**9) == 2 + len(body)
+
+
+@pytest.mark.parametrize("cls", SCANNERS, ids=IDS)
+@settings(max_examples=200, deadline=None)
+@given(value=structs(), cut=st.integers(0, 10_000))
+def test_scanner_waits_for_missing_bytes(cls: type, value: object, cut: int) -> None:
+    body = encode(value)  # type: ignore[arg-type]
+    cut = cut % len(body)
+    scanner = cls(0, 10**9)
+    assert not scanner.scan(body, cut)
+    assert scanner.scan(body, len(body))
+    assert scanner.pos == len(body)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=300), cuts=st.lists(st.integers(0, 300), max_size=4))
+def test_both_scanners_agree_on_arbitrary_bytes(data: bytes, cuts: list[int]) -> None:
+    outcomes = []
+    for cls in SCANNERS:
+        try:
+            outcomes.append(("end", scan_in_pieces(cls, data, 0, cuts, 200)))
+        except ProtocolError:
+            outcomes.append(("error", None))
+    assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("cls", SCANNERS, ids=IDS)
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"\x0b\x00\x01\x7f\xff\xff\xff", "string runs past"),  # a 2 GB string
+        (b"\x0b\x00\x01\xff\xff\xff\xfe", "negative string length"),
+        (b"\x0f\x00\x01\x0c\x7f\xff\xff\xff", "cannot fit"),  # 2**31 structs
+        (b"\x0f\x00\x01\x0a\x00\x10\x00\x00", "cannot fit"),  # 1M i64s in a 200-byte limit
+        (b"\x0d\x00\x01\x0b\x0b\xff\xff\xff\xff", "negative container size"),
+        (b"\x14\x00\x01", "unknown field type"),
+        (b"\x0f\x00\x01\x63\x00\x00\x00\x01", "unknown element type"),
+    ],
+)
+def test_hostile_lengths_fail_before_their_bytes_arrive(cls: type, body: bytes, reason: str) -> None:
+    with pytest.raises(ProtocolError, match=reason):
+        cls(0, 200).scan(body, len(body))
+
+
+@pytest.mark.parametrize("cls", SCANNERS, ids=IDS)
+def test_nesting_is_bounded(cls: type) -> None:
+    deep = b"\x0c\x00\x01" * 100 + b"\x00" * 101
+    with pytest.raises(ProtocolError, match="nested deeper"):
+        cls(0, 10**6, 64).scan(deep, len(deep))
+    assert cls(0, 10**6, 128).scan(deep, len(deep))
+
+
+@pytest.mark.parametrize("cls", SCANNERS, ids=IDS)
+def test_empty_containers_with_zero_element_type(cls: type) -> None:
+    # Java's TBinaryProtocol writes element type 0 for some empty containers.
+    body = b"\x0f\x00\x01\x00\x00\x00\x00\x00\x0d\x00\x02\x00\x00\x00\x00\x00\x00\x00"
+    scanner = cls(0, 100)
+    assert scanner.scan(body, len(body))
+    assert scanner.pos == len(body)
+
+
+@pytest.mark.parametrize("cls", SCANNERS, ids=IDS)
+def test_rebase_follows_a_buffer_that_drops_its_front(cls: type) -> None:
+    body = encode_header("m", 2, 1) + b"\x0b\x00\x00\x00\x00\x00\x05hello\x00"
+    header = parse_header(body, 0, len(body))
+    assert header is not None
+    buf = bytearray(body[:12])
+    scanner = cls(header.length, 10**6)
+    assert not scanner.scan(buf, len(buf))
+    del buf[:10]
+    scanner.rebase(10)
+    buf += body[12:]
+    assert scanner.scan(buf, len(buf))
+    assert scanner.pos == len(body) - 10
