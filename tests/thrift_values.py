@@ -12,7 +12,19 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-BOOL, BYTE, DOUBLE, I16, I32, I64, STRING, STRUCT, MAP, SET, LIST = 2, 3, 4, 6, 8, 10, 11, 12, 13, 14, 15
+BOOL, BYTE, DOUBLE, I16, I32, I64, STRING, STRUCT, MAP, SET, LIST = (
+    2,
+    3,
+    4,
+    6,
+    8,
+    10,
+    11,
+    12,
+    13,
+    14,
+    15,
+)
 
 
 @dataclass(frozen=True)
@@ -98,5 +110,7 @@ def structs(draw: st.DrawFn, depth: int = 3) -> Value:
 def message(name: str, mtype: int, seqid: int, body: bytes, strict: bool = True) -> bytes:
     raw = name.encode()
     if strict:
-        return struct.pack(">Ii", 0x80010000 | mtype, len(raw)) + raw + struct.pack(">i", seqid) + body
+        return (
+            struct.pack(">Ii", 0x80010000 | mtype, len(raw)) + raw + struct.pack(">i", seqid) + body
+        )
     return struct.pack(">i", len(raw)) + raw + struct.pack(">bi", mtype, seqid) + body

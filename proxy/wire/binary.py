@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Final
+from typing import Final, Protocol
 
 from proxy.wire.errors import LimitExceeded, ProtocolError
 
@@ -147,9 +147,7 @@ def _decode_name(buf: bytes | bytearray, start: int, end: int) -> str:
 def encode_header(name: str, mtype: int, seqid: int) -> bytes:
     """A strict header, the form every HMS accepts."""
     raw = name.encode("utf-8")
-    return b"".join(
-        (_U32.pack(VERSION_1 | mtype), _I32.pack(len(raw)), raw, _I32.pack(seqid))
-    )
+    return b"".join((_U32.pack(VERSION_1 | mtype), _I32.pack(len(raw)), raw, _I32.pack(seqid)))
 
 
 def with_seqid(message: bytes, header: MessageHeader, seqid: int) -> bytes:
@@ -325,10 +323,26 @@ class PyStructScanner:
         return pos
 
 
+class Scanner(Protocol):
+    """What both scanners offer (see :class:`PyStructScanner`)."""
+
+    pos: int
+    limit: int
+
+    def __init__(self, pos: int, limit: int, max_depth: int = 64) -> None: ...
+
+    @property
+    def done(self) -> bool: ...
+
+    def scan(self, buf: bytes | bytearray, end: int) -> bool: ...
+
+    def rebase(self, dropped: int) -> None: ...
+
+
 try:  # The C twin is ~100x faster; the Python one stays as reference and fallback.
     from proxy.wire._scanner import StructScanner as _CStructScanner
 except ImportError:  # pragma: no cover - only where the extension could not be built
-    StructScanner: type[PyStructScanner] = PyStructScanner
+    StructScanner: type[Scanner] = PyStructScanner
     ACCELERATED = False
 else:
     StructScanner = _CStructScanner

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
-from proxy.wire.binary import MessageHeader, StructScanner, parse_header
+from proxy.wire.binary import MessageHeader, Scanner, StructScanner, parse_header
 from proxy.wire.errors import LimitExceeded, MessageTooLarge, ProtocolError
 
 _FRAME = struct.Struct(">i")
 
 
-class Transport(str, Enum):
+class Transport(StrEnum):
     BUFFERED = "buffered"
     FRAMED = "framed"
 
@@ -79,7 +79,7 @@ class MessageReader:
         self.header: MessageHeader | None = None
         self._start = 4 if self.transport is Transport.FRAMED else 0  # payload offset
         self._frame_end: int | None = None
-        self._scanner: StructScanner | None = None
+        self._scanner: Scanner | None = None
         self._end: int | None = None  # payload end, once the scanner has found it
         self._taken = self._start
 

@@ -83,7 +83,9 @@ def test_application_exception_decodes_with_thrift() -> None:
     from thrift.Thrift import TApplicationException
     from thrift.transport.TTransport import TMemoryBuffer
 
-    raw = encode_application_exception("x", 3, AppErrorType.UNKNOWN_METHOD, "Invalid method name: 'x'")
+    raw = encode_application_exception(
+        "x", 3, AppErrorType.UNKNOWN_METHOD, "Invalid method name: 'x'"
+    )
     proto = TBinaryProtocol(TMemoryBuffer(raw))
     assert proto.readMessageBegin() == ("x", MessageType.EXCEPTION, 3)
     exc = TApplicationException()
@@ -93,7 +95,7 @@ def test_application_exception_decodes_with_thrift() -> None:
 
 def scan_in_pieces(cls: type, data: bytes, start: int, cuts: list[int], limit: int) -> int | None:
     scanner = cls(start, limit)
-    points = sorted({c for c in cuts if 0 < c < len(data)}) + [len(data)]
+    points = [*sorted({c for c in cuts if 0 < c < len(data)}), len(data)]
     for end in points:
         if scanner.scan(data, end):
             return int(scanner.pos)
@@ -148,7 +150,9 @@ def test_both_scanners_agree_on_arbitrary_bytes(data: bytes, cuts: list[int]) ->
         (b"\x0f\x00\x01\x63\x00\x00\x00\x01", "unknown element type"),
     ],
 )
-def test_hostile_lengths_fail_before_their_bytes_arrive(cls: type, body: bytes, reason: str) -> None:
+def test_hostile_lengths_fail_before_their_bytes_arrive(
+    cls: type, body: bytes, reason: str
+) -> None:
     with pytest.raises(ProtocolError, match=reason):
         cls(0, 200).scan(body, len(body))
 

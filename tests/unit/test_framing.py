@@ -17,7 +17,7 @@ TRANSPORTS = [Transport.BUFFERED, Transport.FRAMED]
 
 
 def feed_in_pieces(reader: MessageReader, wire: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted({c for c in cuts if 0 < c < len(wire)}) + [len(wire)]
+    points = [*sorted({c for c in cuts if 0 < c < len(wire)}), len(wire)]
     got, last = [], 0
     for end in points:
         reader.feed(wire[last:end])
@@ -57,7 +57,7 @@ def test_streaming_hands_out_every_byte_once(
     msg = message("get_partitions", MessageType.REPLY, 9, encode(body))  # type: ignore[arg-type]
     wire = transport.frame(msg)
     reader = MessageReader(transport, 1 << 20, keep=keep)
-    points = sorted({c for c in cuts if 0 < c < len(wire)}) + [len(wire)]
+    points = [*sorted({c for c in cuts if 0 < c < len(wire)}), len(wire)]
     out, last, finished = b"", 0, None
     for end in points:
         reader.feed(wire[last:end])
@@ -77,7 +77,12 @@ def test_streaming_hands_out_every_byte_once(
 
 
 def test_streaming_never_holds_the_whole_reply() -> None:
-    body = b"\x0f\x00\x00\x0b" + struct.pack(">i", 1000) + (struct.pack(">i", 1000) + b"x" * 1000) * 1000 + b"\x00"
+    body = (
+        b"\x0f\x00\x00\x0b"
+        + struct.pack(">i", 1000)
+        + (struct.pack(">i", 1000) + b"x" * 1000) * 1000
+        + b"\x00"
+    )
     msg = message("get_partition_names", MessageType.REPLY, 1, body)
     reader = MessageReader(Transport.BUFFERED, 1 << 30, keep=False)
     peak, got = 0, 0
@@ -107,7 +112,11 @@ def test_a_declared_2gb_string_is_refused_at_once() -> None:
 
 def test_buffered_message_over_the_limit_is_refused() -> None:
     reader = MessageReader(Transport.BUFFERED, 1000)
-    reader.feed(message("alter_table", 1, 1, b"\x0b\x00\x01" + struct.pack(">i", 990) + b"y" * 990 + b"\x00"))
+    reader.feed(
+        message(
+            "alter_table", 1, 1, b"\x0b\x00\x01" + struct.pack(">i", 990) + b"y" * 990 + b"\x00"
+        )
+    )
     with pytest.raises(MessageTooLarge):
         reader.next_message()
 

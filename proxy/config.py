@@ -1,0 +1,353 @@
+"""Every setting of the proxy, in one table, and how the effective configuration is built.
+
+Each option has one name and three spellings: the flag ``--upstream-read-timeout``, the
+environment variable ``HMS_CACHE_PROXY_UPSTREAM_READ_TIMEOUT`` and the TOML key
+``upstream_read_timeout``. Precedence: flag > environment > file > default. Values from all
+sources go through the same parser, so a bad value is reported the same way wherever it came
+from, with the source named; all problems are reported at once, one line each.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from proxy.wire.framing import Transport
+
+ENV_PREFIX = "HMS_CACHE_PROXY_"
+
+
+class ConfigError(Exception):
+    """The configuration has problems; ``problems`` holds one line for each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One upstream metastore, from a ``thrift://host:port`` URI."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"thrift://{HostPort(self.host, self.port)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsers: text (or a TOML value) -> typed value; ValueError carries the reason.
+
+
+def parse_host_port(text: Any) -> HostPort:
+    text = str(text).strip()
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    number = int(port)
+    if not 0 <= number <= 65535:
+        raise ValueError(f"port {number} is out of range")
+    host = host.strip("[]") or "0.0.0.0"
+    return HostPort(host, number)
+
+
+def parse_upstreams(text: Any) -> tuple[Endpoint, ...]:
+    items = text if isinstance(text, list) else str(text).split(",")
+    endpoints = []
+    for item in (str(i).strip() for i in items):
+        if not item:
+            continue
+        parts = urlsplit(item)
+        if parts.scheme != "thrift":
+            raise ValueError(f"{item!r} is not a thrift://host:port URI")
+        if not parts.hostname or parts.port is None:
+            raise ValueError(f"{item!r} needs a host and a port")
+        endpoints.append(Endpoint(parts.hostname, parts.port))
+    if not endpoints:
+        raise ValueError("no thrift:// URI given")
+    return tuple(endpoints)
+
+
+def parse_redis_url(text: Any) -> str | None:
+    text = str(text).strip()
+    if not text:
+        return None
+    scheme = urlsplit(text).scheme
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"expected a redis://, rediss:// or unix:// URL, got scheme {scheme!r}")
+    return str(text)
+
+
+def parse_seconds(text: Any) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def parse_size(text: Any) -> int:
+    """Bytes, with an optional binary suffix: ``64MiB``, ``512k``, ``1G``."""
+    raw = str(text).strip().lower().removesuffix("b").removesuffix("i")
+    scale = 1
+    for suffix, factor in (("k", 1 << 10), ("m", 1 << 20), ("g", 1 << 30)):
+        if raw.endswith(suffix):
+            raw, scale = raw[:-1], factor
+            break
+    value = int(float(raw) * scale)
+    if value <= 0:
+        raise ValueError(f"must be a positive size, got {text!r}")
+    return value
+
+
+def parse_count(text: Any) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must not be negative, got {text!r}")
+    return value
+
+
+def choice(*allowed: str) -> Callable[[Any], str]:
+    def parse(text: Any) -> str:
+        value = str(text).strip().lower()
+        if value not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}, got {text!r}")
+        return value
+
+    return parse
+
+
+def parse_transport(text: Any) -> Transport:
+    return Transport(choice("buffered", "framed")(text))
+
+
+def redact_url(url: str | None) -> str | None:
+    """``url`` without its password, for printing."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:" if parts.username else ":"
+    return urlunsplit(parts._replace(netloc=f"{user}***@{netloc}"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The options. Defaults name the engine value they are chosen against.
+
+
+def _opt(
+    default: Any,
+    parse: Callable[[Any], Any],
+    help: str,
+    *,
+    metavar: str = "",
+    secret: bool = False,
+) -> Any:
+    return field(
+        default=default,
+        metadata={"parse": parse, "help": help, "metavar": metavar, "secret": secret},
+    )
+
+
+@dataclass(frozen=True)
+class Options:
+    listen: HostPort = _opt(
+        HostPort("0.0.0.0", 9083),
+        parse_host_port,
+        "where engines connect; 9083 is the port they expect a metastore on",
+        metavar="HOST:PORT",
+    )
+    upstream: tuple[Endpoint, ...] = _opt(
+        (),
+        parse_upstreams,
+        "the Hive Metastore(s), a comma list like Trino's hive.metastore.uri: the first "
+        "reachable one is used, the next on connect failure",
+        metavar="thrift://HOST:PORT[,...]",
+    )
+    redis: str | None = _opt(
+        None,
+        parse_redis_url,
+        "Redis for the shared cache (redis://, rediss://, unix://); without it an embedded "
+        "in-process cache is used",
+        metavar="URL",
+        secret=True,
+    )
+    metrics_listen: HostPort = _opt(
+        HostPort("0.0.0.0", 9090),
+        parse_host_port,
+        "where Prometheus scrapes /metrics",
+        metavar="HOST:PORT",
+    )
+    client_transport: Transport = _opt(
+        Transport.BUFFERED,
+        parse_transport,
+        "Thrift transport engines use: buffered (every engine's default) or framed",
+        metavar="buffered|framed",
+    )
+    upstream_transport: Transport = _opt(
+        Transport.BUFFERED,
+        parse_transport,
+        "Thrift transport of the metastore: buffered (Hive's default) or framed",
+        metavar="buffered|framed",
+    )
+    upstream_connect_timeout: float = _opt(
+        2.0,
+        parse_seconds,
+        "seconds to connect to one metastore before trying the next; with the read timeout "
+        "it stays under the engines' 10 s",
+        metavar="SECONDS",
+    )
+    upstream_read_timeout: float = _opt(
+        6.0,
+        parse_seconds,
+        "seconds the metastore may stay silent during a call (like a socket timeout); "
+        "under Trino's and Presto's 10 s so engines get an answer, not a timeout",
+        metavar="SECONDS",
+    )
+    upstream_max_connections: int = _opt(
+        64,
+        parse_count,
+        "connections to the metastore at most (Hive's server runs 200 threads by default)",
+        metavar="N",
+    )
+    upstream_max_idle: int = _opt(
+        16,
+        parse_count,
+        "idle metastore connections kept for reuse (Trino opens one connection per call)",
+        metavar="N",
+    )
+    upstream_idle_timeout: float = _opt(
+        60.0,
+        parse_seconds,
+        "seconds an idle metastore connection is kept before it is closed",
+        metavar="SECONDS",
+    )
+    max_request_bytes: int = _opt(
+        64 << 20,
+        parse_size,
+        "largest request accepted from a client (64 MiB holds add_partitions of ~50,000)",
+        metavar="BYTES",
+    )
+    max_reply_bytes: int = _opt(
+        512 << 20,
+        parse_size,
+        "largest reply accepted from the metastore (512 MiB holds 100,000 partitions of "
+        "~5 KB; a 20-column partition is ~1.1 KB)",
+        metavar="BYTES",
+    )
+    client_message_timeout: float = _opt(
+        30.0,
+        parse_seconds,
+        "seconds a client may take to finish sending a request it has started",
+        metavar="SECONDS",
+    )
+    drain_timeout: float = _opt(
+        20.0,
+        parse_seconds,
+        "on SIGTERM, seconds in-flight calls get to finish (Kubernetes waits 30 s by default)",
+        metavar="SECONDS",
+    )
+    log_level: str = _opt(
+        "info", choice("debug", "info", "warning", "error"), "log level", metavar="LEVEL"
+    )
+
+    def printable(self) -> dict[str, Any]:
+        """The effective configuration as TOML-ready values, secrets redacted."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.metadata["secret"] and isinstance(value, str):
+                value = redact_url(value)
+            if isinstance(value, tuple):
+                value = ",".join(str(v) for v in value)
+            elif isinstance(value, Transport):
+                value = value.value
+            elif isinstance(value, HostPort):
+                value = str(value)
+            out[f.name] = value
+        return out
+
+
+def option_fields() -> tuple[Any, ...]:
+    return fields(Options)
+
+
+def env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def load(
+    flags: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+    *,
+    require_upstream: bool = True,
+) -> Options:
+    """Merge the sources (flag > env > file > default), parse, validate. Raises ConfigError."""
+    env = os.environ if env is None else env
+    problems: list[str] = []
+    file_values: dict[str, Any] = {}
+    known = {f.name for f in option_fields()}
+    if config_file is not None:
+        try:
+            file_values = tomllib.loads(config_file.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            problems.append(f"config file {config_file}: {exc}")
+        for key in sorted(set(file_values) - known):
+            problems.append(f"config file {config_file}: unknown option {key!r}")
+    for key in sorted(k for k in env if k.startswith(ENV_PREFIX)):
+        if key[len(ENV_PREFIX) :].lower() not in known and key != ENV_PREFIX + "CONFIG":
+            problems.append(f"environment {key}: unknown option")
+    values: dict[str, Any] = {}
+    given: set[str] = set()
+    for f in option_fields():
+        for source, raw in (
+            (flag_name(f.name), flags.get(f.name)),
+            (env_name(f.name), env.get(env_name(f.name))),
+            (f"config file key {f.name!r}", file_values.get(f.name)),
+        ):
+            if raw is None:
+                continue
+            given.add(f.name)
+            try:
+                values[f.name] = f.metadata["parse"](raw)
+            except (ValueError, TypeError) as exc:
+                problems.append(f"{source}: {exc}")
+            break
+    options = Options(**values)
+    if require_upstream and "upstream" not in given:
+        problems.append(
+            f"upstream: no metastore given (use {flag_name('upstream')} thrift://HOST:9083 "
+            f"or {env_name('upstream')})"
+        )
+    if options.listen == options.metrics_listen:
+        problems.append(
+            f"metrics_listen: {options.metrics_listen} is also the Thrift listen address"
+        )
+    if options.upstream_max_idle > options.upstream_max_connections:
+        problems.append("upstream_max_idle: cannot exceed upstream_max_connections")
+    if options.upstream_max_connections == 0:
+        problems.append("upstream_max_connections: must be at least 1")
+    if problems:
+        raise ConfigError(problems)
+    return options

@@ -1,0 +1,167 @@
+"""Every Prometheus metric the proxy exports, in one place.
+
+Naming follows https://prometheus.io/docs/practices/naming/: prefix ``hmsproxy_``, base
+units, counters ending in ``_total``. Labels are bounded: ``method`` is a method of the
+catalog or ``unknown`` (a client can send any name; it must not create series), and no
+database, table or key ever becomes a label. Counters start at zero for every label value
+they can take, so rates work from the first scrape; latency histograms start at zero for the
+cacheable reads (each histogram series costs ~18 lines of exposition, so the rarely used
+methods' histograms appear on first use).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from proxy import __version__, catalog
+from proxy.catalog import Kind
+
+# From a sub-millisecond cache hit to a miss that runs into the engines' 10 s read timeout.
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+UNKNOWN_METHOD = "unknown"
+
+OUTCOMES = ("ok", "user_error", "upstream_error", "internal_error")
+UPSTREAM_OUTCOMES = ("ok", "timeout", "connection_error", "protocol_error")
+SOURCES = ("cache", "upstream")
+LOOKUP_RESULTS = ("hit", "miss", "negative_hit", "bypass")
+CACHE_OPERATIONS = ("get", "set", "delete", "version")
+INVALIDATION_SCOPES = tuple(s.name.lower() for s in catalog.Scope if s.name)
+INVALIDATION_REASONS = ("write", "notification", "admin", "ttl")
+CLIENT_ERRORS = ("protocol", "too_large", "timeout", "bad_message_type")
+
+
+def method_label(name: str) -> str:
+    """``name`` if the catalog knows it, else ``unknown``: labels stay bounded."""
+    return name if catalog.lookup(name) is not None else UNKNOWN_METHOD
+
+
+class Metrics:
+    """The proxy's metrics, registered in ``registry`` (a fresh one per test)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "hmsproxy_requests",
+            "Calls answered to clients, by method and outcome (user_error: a declared HMS "
+            "exception such as NoSuchObjectException)",
+            ["method", "outcome"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "hmsproxy_request_duration_seconds",
+            "Time from a complete request to the last byte of its reply, by where it came from",
+            ["method", "source"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.cache_lookups = Counter(
+            "hmsproxy_cache_lookups",
+            "Cache look-ups of cacheable reads, by result",
+            ["method", "result"],
+            registry=r,
+        )
+        self.cache_errors = Counter(
+            "hmsproxy_cache_errors",
+            "Cache operations that failed (the call was answered from the HMS)",
+            ["operation"],
+            registry=r,
+        )
+        self.invalidations = Counter(
+            "hmsproxy_invalidations",
+            "Scopes invalidated, by scope and what caused it",
+            ["scope", "reason"],
+            registry=r,
+        )
+        self.cache_stored_bytes = Counter(
+            "hmsproxy_cache_stored_bytes",
+            "Bytes written to the cache (after compression)",
+            registry=r,
+        )
+        self.upstream_requests = Counter(
+            "hmsproxy_upstream_requests",
+            "Calls sent to the Hive Metastore, by outcome of the exchange",
+            ["method", "outcome"],
+            registry=r,
+        )
+        self.upstream_duration = Histogram(
+            "hmsproxy_upstream_request_duration_seconds",
+            "Time the Hive Metastore took to answer, to the last byte",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.upstream_connections = Gauge(
+            "hmsproxy_upstream_connections",
+            "Connections to the Hive Metastore, by state",
+            ["state"],
+            registry=r,
+        )
+        self.upstream_connects = Counter(
+            "hmsproxy_upstream_connects",
+            "Connection attempts to the Hive Metastore, by result",
+            ["result"],
+            registry=r,
+        )
+        self.client_connections = Gauge(
+            "hmsproxy_client_connections", "Open client connections", registry=r
+        )
+        self.client_errors = Counter(
+            "hmsproxy_client_errors",
+            "Client connections closed for bad input, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.build_info = Gauge(
+            "hmsproxy_build_info",
+            "Always 1; labels carry the version",
+            ["version", "hive_idl_version"],
+            registry=r,
+        )
+        self.build_info.labels(__version__, "2.3.10+4.1").set(1)
+        self._start_at_zero(catalog.all_methods())
+
+    def _start_at_zero(self, specs: Iterable[catalog.MethodSpec]) -> None:
+        names = [s.name for s in specs]
+        cacheable = [s.name for s in catalog.all_methods() if s.kind is Kind.CACHEABLE_READ]
+        for name in [*names, UNKNOWN_METHOD]:
+            for outcome in OUTCOMES:
+                self.requests.labels(name, outcome)
+            for outcome in UPSTREAM_OUTCOMES:
+                self.upstream_requests.labels(name, outcome)
+        for name in cacheable:
+            for result in LOOKUP_RESULTS:
+                self.cache_lookups.labels(name, result)
+            for source in SOURCES:
+                self.request_duration.labels(name, source)
+            self.upstream_duration.labels(name)
+        for op in CACHE_OPERATIONS:
+            self.cache_errors.labels(op)
+        for scope in INVALIDATION_SCOPES:
+            for reason in INVALIDATION_REASONS:
+                self.invalidations.labels(scope, reason)
+        for state in ("idle", "active"):
+            self.upstream_connections.labels(state)
+        for result in ("ok", "failed"):
+            self.upstream_connects.labels(result)
+        for reason in CLIENT_ERRORS:
+            self.client_errors.labels(reason)

@@ -1,0 +1,219 @@
+"""The Thrift listener: one session per client connection, and a graceful stop.
+
+A session reads requests with the sans-I/O :class:`MessageReader` and hands each complete
+call to the :class:`CallHandler`, one at a time (a Thrift client waits for each reply). Bad
+input closes that session only: a message that breaks the protocol or a size limit, or a
+request that stops arriving halfway, gets a ``TApplicationException`` when the header was
+readable, one warning in the log, and the connection closed. Memory per session is bounded by
+the request size limit and, for replies, by streaming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+
+from proxy.config import Options
+from proxy.handler import CallHandler, ClientGone, SessionState
+from proxy.metrics import Metrics
+from proxy.wire.binary import (
+    AppErrorType,
+    MessageHeader,
+    MessageType,
+    encode_application_exception,
+)
+from proxy.wire.errors import MessageTooLarge, ProtocolError
+from proxy.wire.framing import MessageReader, Transport
+
+log = logging.getLogger(__name__)
+
+READ_SIZE = 64 * 1024
+
+
+class ClientConnection:
+    """The client side of a session: framing-aware writes with backpressure."""
+
+    def __init__(self, writer: asyncio.StreamWriter, transport: Transport) -> None:
+        self.writer = writer
+        self.transport = transport
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+
+class ThriftServer:
+    def __init__(self, options: Options, handler: CallHandler, metrics: Metrics) -> None:
+        self.options = options
+        self.handler = handler
+        self.metrics = metrics
+        self._server: asyncio.Server | None = None
+        self._sessions: dict[asyncio.Task[None], _Session] = {}
+        self.stopping = False
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._accept,
+            self.options.listen.host,
+            self.options.listen.port,
+            limit=READ_SIZE,
+            reuse_address=True,
+        )
+
+    @property
+    def ports(self) -> list[int]:
+        assert self._server is not None
+        return [s.getsockname()[1] for s in self._server.sockets]
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.stopping:
+            writer.close()
+            return
+        session = _Session(self, reader, writer)
+        task = asyncio.current_task()
+        assert task is not None
+        self._sessions[task] = session
+        self.metrics.client_connections.inc()
+        try:
+            await session.run()
+        finally:
+            del self._sessions[task]
+            self.metrics.client_connections.dec()
+
+    async def stop(self, drain_timeout: float) -> None:
+        """Stop accepting, let calls in flight finish (up to ``drain_timeout``), close the rest."""
+        self.stopping = True
+        if self._server is not None:
+            self._server.close()
+        for session in list(self._sessions.values()):
+            if not session.busy:
+                session.close()
+        tasks = list(self._sessions)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=drain_timeout)
+            if pending:
+                log.warning(
+                    "drain timeout: closing %d connections with calls in flight", len(pending)
+                )
+            for task in pending:
+                self._sessions[task].close()
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
+class _Session:
+    def __init__(
+        self, server: ThriftServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.server = server
+        self.options = server.options
+        self.reader = reader
+        self.writer = writer
+        peer = writer.get_extra_info("peername")
+        self.state = SessionState(peer=f"{peer[0]}:{peer[1]}" if peer else "?")
+        self.client = ClientConnection(writer, self.options.client_transport)
+        self.requests = MessageReader(self.options.client_transport, self.options.max_request_bytes)
+        self.busy = False
+
+    def close(self) -> None:
+        self.writer.close()
+
+    async def run(self) -> None:
+        try:
+            await self._serve()
+        except (ConnectionError, ClientGone) as exc:
+            log.debug("%s: connection ended: %s", self.state.peer, exc)
+        finally:
+            self.server.handler.end_session(self.state)
+            self.writer.close()
+            with contextlib.suppress(Exception):
+                await self.writer.wait_closed()
+
+    async def _serve(self) -> None:
+        while True:
+            try:
+                message = self.requests.next_message()
+            except ProtocolError as exc:
+                await self._reject(exc)
+                return
+            if message is None:
+                if self.server.stopping:
+                    return
+                data = await self._read()
+                if data is None:
+                    return
+                self.requests.feed(data)
+                continue
+            if message.header.type not in (MessageType.CALL, MessageType.ONEWAY):
+                await self._reject(
+                    ProtocolError(f"message type {message.header.type} is not a call"),
+                    message.header,
+                    AppErrorType.INVALID_MESSAGE_TYPE,
+                )
+                return
+            self.busy = True
+            try:
+                await self.server.handler.handle(self.state, message, self.client)
+            finally:
+                self.busy = False
+            self.state.calls += 1
+            if self.server.stopping:
+                return
+
+    async def _read(self) -> bytes | None:
+        """Next bytes from the client; ``None`` when the session should end."""
+        partial = self.requests.buffered > 0
+        try:
+            if partial:
+                data = await asyncio.wait_for(
+                    self.reader.read(READ_SIZE), self.options.client_message_timeout
+                )
+            else:
+                data = await self.reader.read(READ_SIZE)
+        except TimeoutError:
+            self.server.metrics.client_errors.labels("timeout").inc()
+            log.warning(
+                "%s: closing connection: request incomplete after %g s (%d bytes received)",
+                self.state.peer,
+                self.options.client_message_timeout,
+                self.requests.buffered,
+            )
+            return None
+        if not data:
+            if partial:
+                log.warning(
+                    "%s: connection closed in the middle of a request (%d bytes received)",
+                    self.state.peer,
+                    self.requests.buffered,
+                )
+            return None
+        return data
+
+    async def _reject(
+        self,
+        exc: ProtocolError,
+        header: MessageHeader | None = None,
+        kind: AppErrorType = AppErrorType.PROTOCOL_ERROR,
+    ) -> None:
+        """Close the session for bad input, replying first when the caller can be named."""
+        reason = "too_large" if isinstance(exc, MessageTooLarge) else "protocol"
+        if kind is AppErrorType.INVALID_MESSAGE_TYPE:
+            reason = "bad_message_type"
+        self.server.metrics.client_errors.labels(reason).inc()
+        log.warning("%s: closing connection: %s", self.state.peer, exc)
+        if header is None:
+            header = self.requests.header  # parsed before the error was found, if it was
+        if header is not None:
+            reply = encode_application_exception(
+                header.name, header.seqid, kind, f"hms-cache-proxy: {exc}"
+            )
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.client.send(self.client.transport.frame(reply)), 1.0)
