@@ -6,9 +6,10 @@ requires, nothing else), so the HMS echoes the client's own seqid and the reply 
 patching. For a client on the buffered transport the reply is streamed: each piece goes out
 as it arrives, so a 100 MB partition list costs neither the wait nor the memory of holding it.
 
-When the metastore cannot be reached the client gets a ``TApplicationException`` promptly
-(engines treat it as retryable); when it fails after part of a reply was sent, the client's
-connection is closed, as the HMS itself would have done.
+When the metastore cannot be reached or stays silent past the read timeout, the client gets
+a ``TApplicationException`` promptly (engines treat it as retryable). When the metastore
+hangs up during a call, the client's connection is closed too, which is what the client would
+have seen talking to the HMS directly.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from proxy.config import Options
 from proxy.metrics import Metrics, method_label
 from proxy.upstream import (
     Identity,
+    UpstreamClosed,
     UpstreamConnection,
     UpstreamError,
     UpstreamPool,
@@ -161,8 +163,10 @@ class CallHandler:
                         header.name,
                     )
                     continue
-                if exc.started_reply:
-                    raise ClientGone(f"metastore failed mid-reply: {exc}") from exc
+                if exc.started_reply or isinstance(exc, UpstreamClosed):
+                    # The HMS hung up on this call (or part of its reply already went out):
+                    # the client sees its connection end, as it would talking to the HMS.
+                    raise ClientGone(f"metastore ended the call: {exc}") from exc
                 return await self._upstream_failed(client, message, exc)
             self.pool.release(conn, reusable=True)
             return outcome

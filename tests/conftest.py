@@ -1,0 +1,51 @@
+"""Fixtures: a real Hive Metastore (one per test session), real Redis servers, the proxy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.rig.hms import MetastoreServer
+from tests.rig.proxy_process import ProxyProcess
+from tests.rig.sample import Sample, create
+
+
+@pytest.fixture(scope="session")
+def hms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetastoreServer]:
+    server = MetastoreServer(tmp_path_factory.mktemp("hms"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def sample(hms: MetastoreServer) -> Sample:
+    return create(hms.host, hms.port, hms.warehouse.as_uri())
+
+
+ProxyFactory = Callable[..., ProxyProcess]
+
+
+@pytest.fixture
+def proxy_factory(tmp_path: Path, hms: MetastoreServer) -> Iterator[ProxyFactory]:
+    started: list[ProxyProcess] = []
+
+    def make(
+        *args: str, upstream: str | None = None, env: dict[str, str] | None = None
+    ) -> ProxyProcess:
+        proc = ProxyProcess(tmp_path, upstream or hms.uri, *args, env=env).start()
+        started.append(proc)
+        return proc
+
+    yield make
+    for proc in started:
+        proc.stop()
+
+
+@pytest.fixture
+def proxy(proxy_factory: ProxyFactory) -> ProxyProcess:
+    return proxy_factory()

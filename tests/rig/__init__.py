@@ -1,0 +1,1 @@
+"""The test rig: real servers (Hive Metastore, Redis, the proxy itself) started by tests."""

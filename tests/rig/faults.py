@@ -1,0 +1,90 @@
+"""A TCP relay put between the proxy and the HMS, that can misbehave on request.
+
+It reproduces what the network and a metastore do to long-lived connections: a connection a
+load balancer or the HMS dropped while idle (the proxy only learns when it next uses it), a
+metastore that is slow to answer, and one that accepts calls and never answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+
+from tests.rig.ports import free_port
+
+
+class FaultyRelay:
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = free_port()
+        self.delay = 0.0
+        self.blackhole = False
+        self.connections = 0
+        self._doomed: set[int] = set()  # connection ids to drop on their next request
+        self._live: dict[int, tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.Server | None = None
+
+    def start(self) -> FaultyRelay:
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._accept, "127.0.0.1", self.port), self._loop
+        ).result(10)
+        return self
+
+    def stop(self) -> None:
+        async def _stop() -> None:
+            assert self._server is not None
+            self._server.close()
+            for a, b in list(self._live.values()):
+                a.close()
+                b.close()
+
+        asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def drop_idle_connections_silently(self) -> int:
+        """Every open connection fails on its next request, before any reply byte (stale)."""
+        self._doomed.update(self._live)
+        return len(self._live)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        cid = self.connections
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        self._live[cid] = (writer, up_writer)
+        try:
+            await asyncio.gather(
+                self._pump(cid, reader, up_writer, upward=True),
+                self._pump(cid, up_reader, writer, upward=False),
+            )
+        finally:
+            self._live.pop(cid, None)
+            writer.close()
+            up_writer.close()
+
+    async def _pump(
+        self, cid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, upward: bool
+    ) -> None:
+        with contextlib.suppress(ConnectionError, OSError):
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                if upward and cid in self._doomed:
+                    break  # the request vanishes and the connection ends: a stale connection
+                if self.blackhole:
+                    continue
+                if not upward and self.delay:
+                    await asyncio.sleep(self.delay)
+                writer.write(data)
+                await writer.drain()
+        for w in self._live.get(cid, ()):
+            w.close()

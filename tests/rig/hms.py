@@ -1,0 +1,117 @@
+"""A real Hive Metastore 2.3.10 from the pyspark jars, on Derby, on a free port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+from tests.rig import java
+from tests.rig.ports import free_port, wait_for_port
+
+LOG4J2 = """status = error
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss.SSS} %-5p %c{1}: %m%n
+rootLogger.level = warn
+rootLogger.appenderRef.console.ref = console
+"""
+
+
+class MetastoreServer:
+    """One HMS process with its own Derby folder and warehouse under ``workdir``."""
+
+    def __init__(self, workdir: Path, *, framed: bool = False, port: int | None = None) -> None:
+        self.workdir = workdir
+        self.framed = framed
+        self.port = port or free_port()
+        self.host = "127.0.0.1"
+        self.warehouse = workdir / "warehouse"
+        self.caller_log = workdir / "callers.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"thrift://{self.host}:{self.port}"
+
+    def _site(self) -> dict[str, str]:
+        return {
+            "javax.jdo.option.ConnectionURL": (
+                f"jdbc:derby:;databaseName={self.workdir / 'metastore_db'};create=true"
+            ),
+            "javax.jdo.option.ConnectionDriverName": "org.apache.derby.jdbc.EmbeddedDriver",
+            "datanucleus.schema.autoCreateAll": "true",
+            "hive.metastore.schema.verification": "false",
+            "hive.metastore.warehouse.dir": self.warehouse.as_uri(),
+            "hive.metastore.thrift.framed.transport.enabled": str(self.framed).lower(),
+            "hive.metastore.pre.event.listeners": "hmsproxy.rig.CallerLog",
+            "hmsproxy.rig.caller.log": str(self.caller_log),
+            # Partition-level column statistics are on in Hive by default; keep the default.
+        }
+
+    def start(self, timeout: float = 180) -> None:
+        conf = self.workdir / "conf"
+        conf.mkdir(parents=True, exist_ok=True)
+        self.warehouse.mkdir(parents=True, exist_ok=True)
+        props = "".join(
+            f"<property><name>{escape(k)}</name><value>{escape(v)}</value></property>\n"
+            for k, v in self._site().items()
+        )
+        (conf / "hive-site.xml").write_text(f"<configuration>\n{props}</configuration>\n")
+        (conf / "log4j2.properties").write_text(LOG4J2)
+        classes = java.compiled_helpers()
+        command = [
+            "java",
+            "-Xmx768m",
+            "-XX:+UseSerialGC",
+            "-Dlog4j2.contextSelector=org.apache.logging.log4j.core.selector.ClassLoaderContextSelector",
+            f"-Dlog4j.configurationFile={conf / 'log4j2.properties'}",
+            "-cp",
+            java.classpath(conf, classes),
+            "org.apache.hadoop.hive.metastore.HiveMetaStore",
+            "-p",
+            str(self.port),
+        ]
+        log = open(self.workdir / "hms.log", "ab")  # noqa: SIM115 - the process owns it
+        self.process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir, start_new_session=True
+        )
+        log.close()
+        try:
+            wait_for_port(self.port, timeout, alive=lambda: self.process.poll() is None)  # type: ignore[union-attr]
+        except Exception as exc:
+            raise RuntimeError(f"HMS did not start: {exc}\n{self.log_tail()}") from exc
+
+    def log_tail(self, lines: int = 40) -> str:
+        path = self.workdir / "hms.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def kill(self) -> None:
+        """SIGKILL, as a crashed or OOM-killed metastore goes."""
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(30)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def callers(self) -> list[tuple[str, str, str]]:
+        """(event, target, user) lines the HMS recorded, in order."""
+        if not self.caller_log.exists():
+            return []
+        out = []
+        for line in self.caller_log.read_text().splitlines():
+            event, target, user = line.split(" ")
+            out.append((event, target, user))
+        return out

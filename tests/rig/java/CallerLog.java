@@ -1,0 +1,52 @@
+package hmsproxy.rig;
+
+import java.io.FileWriter;
+import java.io.IOException;
+import java.io.PrintWriter;
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.hive.metastore.MetaStorePreEventListener;
+import org.apache.hadoop.hive.metastore.api.MetaException;
+import org.apache.hadoop.hive.metastore.events.PreCreateTableEvent;
+import org.apache.hadoop.hive.metastore.events.PreEventContext;
+import org.apache.hadoop.hive.metastore.events.PreReadDatabaseEvent;
+import org.apache.hadoop.hive.metastore.events.PreReadTableEvent;
+import org.apache.hadoop.security.UserGroupInformation;
+
+/**
+ * Test-rig pre-event listener: appends "EVENT target user" for every metastore event to the
+ * file named by the hive-site property hmsproxy.rig.caller.log, where the user is the identity
+ * the HMS runs the call as (the set_ugi identity of the connection). This is how the tests see
+ * which user a call reached the real HMS as.
+ */
+public class CallerLog extends MetaStorePreEventListener {
+  private final String path;
+
+  public CallerLog(Configuration config) {
+    super(config);
+    path = config.get("hmsproxy.rig.caller.log");
+  }
+
+  @Override
+  public void onEvent(PreEventContext context) throws MetaException {
+    String target = "-";
+    if (context instanceof PreReadTableEvent) {
+      PreReadTableEvent e = (PreReadTableEvent) context;
+      target = e.getTable().getDbName() + "." + e.getTable().getTableName();
+    } else if (context instanceof PreCreateTableEvent) {
+      PreCreateTableEvent e = (PreCreateTableEvent) context;
+      target = e.getTable().getDbName() + "." + e.getTable().getTableName();
+    } else if (context instanceof PreReadDatabaseEvent) {
+      target = ((PreReadDatabaseEvent) context).getDatabase().getName();
+    }
+    try {
+      String user = UserGroupInformation.getCurrentUser().getShortUserName();
+      synchronized (CallerLog.class) {
+        try (PrintWriter out = new PrintWriter(new FileWriter(path, true))) {
+          out.println(context.getEventType().name() + " " + target + " " + user);
+        }
+      }
+    } catch (IOException exc) {
+      throw new MetaException("caller log: " + exc);
+    }
+  }
+}

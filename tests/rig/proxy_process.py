@@ -1,0 +1,102 @@
+"""The proxy as users run it: ``python -m proxy serve ...`` in its own process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.rig.ports import free_port, wait_for_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class ProxyProcess:
+    def __init__(
+        self, workdir: Path, upstream: str, *args: str, env: dict[str, str] | None = None
+    ) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self.args = [
+            "--upstream",
+            upstream,
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--metrics-listen",
+            f"127.0.0.1:{self.metrics_port}",
+            *args,
+        ]
+        self.env = env or {}
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / f"proxy-{self.port}.log"
+
+    def start(self) -> ProxyProcess:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HMS_CACHE_PROXY_")}
+        env.update(self.env)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the process owns it
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "serve", *self.args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=env,
+        )
+        log.close()
+        try:
+            wait_for_port(self.port, 30, alive=lambda: self.process.poll() is None)  # type: ignore[union-attr]
+        except Exception as exc:
+            raise RuntimeError(f"proxy did not start: {exc}\n{self.log()}") from exc
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, sig: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout)
+
+    def stop(self) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return self.process.returncode
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Every sample of /metrics, keyed by (name, sorted labels)."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        out = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        return out
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def rss_bytes(self) -> int:
+        assert self.process is not None
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")

@@ -1,0 +1,109 @@
+"""A small, known set of metastore objects, created straight at the HMS with ``hmsclient``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hmsclient import hmsclient
+from hmsclient.genthrift.hive_metastore import ttypes as t
+
+DB = "proxy_it"
+PARTITIONED = "sales"
+UNPARTITIONED = "dim"
+DAYS = ("2024-01-01", "2024-01-02", "2024-01-03")
+REGIONS = ("eu", "us")
+COLUMNS = (("item", "string"), ("amount", "bigint"))
+
+
+@dataclass(frozen=True)
+class Sample:
+    db: str = DB
+    table: str = PARTITIONED
+    unpartitioned: str = UNPARTITIONED
+    partition_values: tuple[str, ...] = (DAYS[0], REGIONS[0])
+    partition_name: str = f"ds={DAYS[0]}/region={REGIONS[0]}"
+    partition_names: tuple[str, ...] = tuple(f"ds={d}/region={r}" for d in DAYS for r in REGIONS)
+
+
+def _sd(location: str) -> t.StorageDescriptor:
+    return t.StorageDescriptor(
+        cols=[t.FieldSchema(name, kind, None) for name, kind in COLUMNS],
+        location=location,
+        inputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetInputFormat",
+        outputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat",
+        compressed=False,
+        numBuckets=-1,
+        serdeInfo=t.SerDeInfo(
+            None,
+            "org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe",
+            {"serialization.format": "1"},
+        ),
+        bucketCols=[],
+        sortCols=[],
+        parameters={},
+    )
+
+
+def create(host: str, port: int, warehouse: str) -> Sample:
+    sample = Sample()
+    client = hmsclient.HMSClient(host=host, port=port)
+    with client as c:
+        if DB in c.get_all_databases():
+            return sample
+        c.create_database(t.Database(DB, "test objects", f"{warehouse}/{DB}.db", {}))
+        c.create_table(
+            t.Table(
+                tableName=PARTITIONED,
+                dbName=DB,
+                owner="rig",
+                sd=_sd(f"{warehouse}/{DB}.db/{PARTITIONED}"),
+                partitionKeys=[
+                    t.FieldSchema("ds", "string", None),
+                    t.FieldSchema("region", "string", None),
+                ],
+                parameters={"EXTERNAL": "FALSE"},
+                tableType="MANAGED_TABLE",
+            )
+        )
+        c.create_table(
+            t.Table(
+                tableName=UNPARTITIONED,
+                dbName=DB,
+                owner="rig",
+                sd=_sd(f"{warehouse}/{DB}.db/{UNPARTITIONED}"),
+                partitionKeys=[],
+                parameters={},
+                tableType="MANAGED_TABLE",
+            )
+        )
+        parts = [
+            t.Partition(
+                values=[d, r],
+                dbName=DB,
+                tableName=PARTITIONED,
+                sd=_sd(f"{warehouse}/{DB}.db/{PARTITIONED}/ds={d}/region={r}"),
+                parameters={"numRows": "10"},
+            )
+            for d in DAYS
+            for r in REGIONS
+        ]
+        c.add_partitions(parts)
+        stats = t.ColumnStatisticsObj(
+            "amount",
+            "bigint",
+            t.ColumnStatisticsData(longStats=t.LongColumnStatsData(1, 99, 0, 10)),
+        )
+        c.update_table_column_statistics(
+            t.ColumnStatistics(t.ColumnStatisticsDesc(True, DB, UNPARTITIONED), [stats])
+        )
+        c.update_partition_column_statistics(
+            t.ColumnStatistics(
+                t.ColumnStatisticsDesc(False, DB, PARTITIONED, sample.partition_name), [stats]
+            )
+        )
+        c.create_function(
+            t.Function(
+                "fn", DB, "org.example.Fn", "rig", t.PrincipalType.USER, 0, t.FunctionType.JAVA, []
+            )
+        )
+    return sample
