@@ -41,10 +41,15 @@ class FaultyRelay:
             for a, b in list(self._live.values()):
                 a.close()
                 b.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()
 
     def drop_idle_connections_silently(self) -> int:
         """Every open connection fails on its next request, before any reply byte (stale)."""

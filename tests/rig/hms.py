@@ -48,6 +48,8 @@ class MetastoreServer:
             "hive.metastore.schema.verification": "false",
             "hive.metastore.warehouse.dir": self.warehouse.as_uri(),
             "hive.metastore.thrift.framed.transport.enabled": str(self.framed).lower(),
+            # 2.3 defaults to BoneCP, which the pyspark jars lack; HikariCP is there.
+            "datanucleus.connectionPoolingType": "HikariCP",
             "hive.metastore.pre.event.listeners": "hmsproxy.rig.CallerLog",
             "hmsproxy.rig.caller.log": str(self.caller_log),
             # Partition-level column statistics are on in Hive by default; keep the default.

@@ -107,3 +107,21 @@ def create(host: str, port: int, warehouse: str) -> Sample:
             )
         )
     return sample
+
+
+SLOW_TABLE = "slow_table"
+
+
+def create_slow_table(host: str, port: int, db: str = DB) -> str:
+    """A table the rig's HMS takes three seconds to read (see CallerLog.java)."""
+    with hmsclient.HMSClient(host=host, port=port) as c:
+        if db not in c.get_all_databases():
+            c.create_database(t.Database(db, "", None, {}))
+        if SLOW_TABLE not in c.get_all_tables(db):
+            c.create_table(
+                t.Table(
+                    tableName=SLOW_TABLE, dbName=db, owner="rig", sd=_sd(None),  # type: ignore[arg-type]
+                    partitionKeys=[], parameters={}, tableType="MANAGED_TABLE",
+                )
+            )
+    return SLOW_TABLE

@@ -17,6 +17,9 @@ import org.apache.hadoop.security.UserGroupInformation;
  * file named by the hive-site property hmsproxy.rig.caller.log, where the user is the identity
  * the HMS runs the call as (the set_ugi identity of the connection). This is how the tests see
  * which user a call reached the real HMS as.
+ *
+ * Reading a table whose name starts with "slow" takes the HMS three seconds, which gives the
+ * tests a real call in flight (to drain on SIGTERM, or to kill the HMS under).
  */
 public class CallerLog extends MetaStorePreEventListener {
   private final String path;
@@ -37,6 +40,13 @@ public class CallerLog extends MetaStorePreEventListener {
       target = e.getTable().getDbName() + "." + e.getTable().getTableName();
     } else if (context instanceof PreReadDatabaseEvent) {
       target = ((PreReadDatabaseEvent) context).getDatabase().getName();
+    }
+    if (target.contains(".slow")) {
+      try {
+        Thread.sleep(3000);
+      } catch (InterruptedException exc) {
+        Thread.currentThread().interrupt();
+      }
     }
     try {
       String user = UserGroupInformation.getCurrentUser().getShortUserName();

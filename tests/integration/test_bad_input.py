@@ -1,0 +1,141 @@
+"""Bad input from one client closes that client's connection, and nothing else happens.
+
+Each case: the offending connection is closed (with a TApplicationException first when the
+header could be read), one warning is logged, the proxy keeps its memory, and a well-behaved
+client on another connection is served throughout.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+
+import pytest
+from thrift.protocol.TBinaryProtocol import TBinaryProtocol
+from thrift.Thrift import TApplicationException
+from thrift.transport.TTransport import TMemoryBuffer
+
+from proxy import idl
+from proxy.wire.binary import MessageType, encode_header
+from tests.conftest import ProxyFactory
+from tests.rig import raw
+from tests.rig.proxy_process import ProxyProcess
+from tests.rig.sample import Sample
+
+MiB = 1 << 20
+
+
+def _application_exception(reply: bytes) -> TApplicationException:
+    proto = TBinaryProtocol(TMemoryBuffer(reply))
+    _, mtype, _ = proto.readMessageBegin()
+    assert mtype == MessageType.EXCEPTION
+    exc = TApplicationException()
+    exc.read(proto)
+    return exc
+
+
+def _good_call(proxy: ProxyProcess, sample: Sample) -> None:
+    reply = raw.call("127.0.0.1", proxy.port, idl.encode_call("get_database", 1, name=sample.db))
+    assert reply[3] == MessageType.REPLY
+
+
+def _send(proxy: ProxyProcess, data: bytes) -> raw.RawConnection:
+    conn = raw.RawConnection("127.0.0.1", proxy.port, timeout=10)
+    conn.sock.sendall(data)
+    return conn
+
+
+@pytest.fixture
+def small_proxy(proxy_factory: ProxyFactory) -> ProxyProcess:
+    return proxy_factory("--max-request-bytes", "1MiB", "--client-message-timeout", "1")
+
+
+def test_garbage_closes_only_that_connection(small_proxy: ProxyProcess, sample: Sample) -> None:
+    with _send(small_proxy, b"GET /metrics HTTP/1.1\r\nHost: hms\r\n\r\n") as conn:
+        assert conn.closed_by_peer()
+    _good_call(small_proxy, sample)
+    assert small_proxy.metric("hmsproxy_client_errors_total", reason="protocol") == 1
+    assert small_proxy.log().count("WARNING") == 1
+
+
+def test_a_reply_sent_as_a_request_is_refused(small_proxy: ProxyProcess, sample: Sample) -> None:
+    message = encode_header("get_table", MessageType.REPLY, 7) + b"\x00"
+    with raw.RawConnection("127.0.0.1", small_proxy.port, timeout=10) as conn:
+        exc = _application_exception(conn.call(message))
+        assert exc.type == TApplicationException.INVALID_MESSAGE_TYPE
+        assert conn.closed_by_peer()
+    _good_call(small_proxy, sample)
+
+
+def test_a_declared_2gb_string_is_refused_before_it_arrives(small_proxy: ProxyProcess, sample: Sample) -> None:
+    rss_before = small_proxy.rss_bytes()
+    request = encode_header("create_table", MessageType.CALL, 3) + b"\x0c\x00\x01\x0b\x00\x01" + struct.pack(">i", 2**31 - 1)
+    with raw.RawConnection("127.0.0.1", small_proxy.port, timeout=10) as conn:
+        exc = _application_exception(conn.call(request))
+        assert exc.type == TApplicationException.PROTOCOL_ERROR
+        assert "exceeds" in exc.message
+        assert conn.closed_by_peer()
+    assert small_proxy.rss_bytes() < rss_before + 20 * MiB
+    assert small_proxy.metric("hmsproxy_client_errors_total", reason="too_large") == 1
+    _good_call(small_proxy, sample)
+
+
+def test_a_2gb_frame_is_refused(proxy_factory: ProxyFactory, sample: Sample) -> None:
+    framed = proxy_factory("--client-transport", "framed", "--max-request-bytes", "1MiB")
+    with _send(framed, struct.pack(">i", 2**31 - 1) + b"\x80\x01\x00\x01") as conn:
+        assert conn.closed_by_peer()
+    assert framed.metric("hmsproxy_client_errors_total", reason="too_large") == 1
+
+
+def test_an_endless_request_is_cut_at_the_limit(small_proxy: ProxyProcess, sample: Sample) -> None:
+    # A list of 10 million strings, streamed: refused once the limit (1 MiB) is passed.
+    head = encode_header("add_partitions", MessageType.CALL, 1) + b"\x0f\x00\x01\x0b" + struct.pack(">i", 10_000_000)
+    sock = socket.create_connection(("127.0.0.1", small_proxy.port), timeout=10)
+    sock.sendall(head)
+    sent = len(head)
+    item = struct.pack(">i", 60) + b"y" * 60
+    try:
+        while sent < 50 * MiB:
+            sock.sendall(item * 1000)
+            sent += len(item) * 1000
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    assert sent < 20 * MiB, "the proxy kept reading long past its request limit"
+    sock.close()
+    _good_call(small_proxy, sample)
+
+
+def test_a_half_sent_request_times_out(small_proxy: ProxyProcess, sample: Sample) -> None:
+    whole = idl.encode_call("get_database", 1, name=sample.db)
+    with _send(small_proxy, whole[: len(whole) // 2]) as conn:
+        assert conn.closed_by_peer(timeout=15)  # --client-message-timeout 1
+    assert small_proxy.metric("hmsproxy_client_errors_total", reason="timeout") == 1
+    _good_call(small_proxy, sample)
+
+
+def test_bad_clients_do_not_disturb_a_good_one(small_proxy: ProxyProcess, sample: Sample) -> None:
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def good() -> None:
+        try:
+            with raw.RawConnection("127.0.0.1", small_proxy.port) as conn:
+                while not stop.is_set():
+                    reply = conn.call(idl.encode_call("get_table", 5, dbname=sample.db, tbl_name=sample.table))
+                    assert reply[3] == MessageType.REPLY
+        except BaseException as exc:
+            failures.append(exc)
+
+    worker = threading.Thread(target=good)
+    worker.start()
+    junk = [b"\xff" * 100, b"\x80\x01\x00\x01\x00\x00\x00\x05abc", struct.pack(">i", 2**31 - 1), b"\x00" * 64]
+    for i in range(40):
+        conn = _send(small_proxy, junk[i % len(junk)])
+        conn.close()
+    time.sleep(0.5)
+    stop.set()
+    worker.join(30)
+    assert failures == []
+    assert small_proxy.alive()

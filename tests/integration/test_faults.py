@@ -1,0 +1,159 @@
+"""The metastore misbehaving: down, silent, dropping pooled connections, killed mid-call.
+
+Clients always get a Thrift error promptly (never a hang), the proxy recovers by itself,
+reads on a stale pooled connection are retried once, writes never are.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hmsclient import hmsclient
+
+from proxy import idl
+from proxy.wire.binary import MessageType
+from tests.conftest import ProxyFactory
+from tests.rig import raw
+from tests.rig.faults import FaultyRelay
+from tests.rig.hms import MetastoreServer
+from tests.rig.ports import free_port
+from tests.rig.sample import Sample, create_slow_table
+
+from .test_bad_input import _application_exception
+
+
+def _get_db(port: int, name: str, seqid: int = 1) -> bytes:
+    return raw.call("127.0.0.1", port, idl.encode_call("get_database", seqid, name=name))
+
+
+@pytest.fixture
+def relay(hms: MetastoreServer) -> Iterator[FaultyRelay]:
+    r = FaultyRelay(hms.host, hms.port).start()
+    yield r
+    r.stop()
+
+
+def test_unreachable_metastore_gives_a_prompt_thrift_error(proxy_factory: ProxyFactory) -> None:
+    proxy = proxy_factory(upstream=f"thrift://127.0.0.1:{free_port()}")
+    started = time.monotonic()
+    exc = _application_exception(_get_db(proxy.port, "default"))
+    assert time.monotonic() - started < 5
+    assert "no metastore reachable" in exc.message
+    assert proxy.metric("hmsproxy_requests_total", method="get_database", outcome="upstream_error") == 1
+
+
+def test_fails_over_to_the_next_uri(proxy_factory: ProxyFactory, hms: MetastoreServer, sample: Sample) -> None:
+    proxy = proxy_factory(upstream=f"thrift://127.0.0.1:{free_port()},{hms.uri}")
+    for seqid in range(3):
+        assert _get_db(proxy.port, sample.db, seqid)[3] == MessageType.REPLY
+    # The dead endpoint was tried once, then passed over while it stays in backoff.
+    assert proxy.metric("hmsproxy_upstream_connects_total", result="failed") == 1
+
+
+def test_a_silent_metastore_times_out(proxy_factory: ProxyFactory, relay: FaultyRelay, sample: Sample) -> None:
+    proxy = proxy_factory("--upstream-read-timeout", "1", upstream=f"thrift://127.0.0.1:{relay.port}")
+    relay.blackhole = True
+    started = time.monotonic()
+    exc = _application_exception(_get_db(proxy.port, sample.db))
+    assert time.monotonic() - started < 10
+    assert "sent nothing for 1 s" in exc.message
+    relay.blackhole = False
+    assert _get_db(proxy.port, sample.db)[3] == MessageType.REPLY  # recovered by itself
+
+
+def test_a_read_on_a_stale_pooled_connection_is_retried(
+    proxy_factory: ProxyFactory, relay: FaultyRelay, sample: Sample
+) -> None:
+    proxy = proxy_factory(upstream=f"thrift://127.0.0.1:{relay.port}")
+    direct = _get_db(proxy.port, sample.db)
+    assert relay.drop_idle_connections_silently() == 1
+    assert _get_db(proxy.port, sample.db) == direct
+    assert relay.connections == 2
+    assert "stale, retrying get_database" in proxy.log()
+
+
+def test_a_write_on_a_stale_connection_is_not_retried(
+    proxy_factory: ProxyFactory, relay: FaultyRelay, hms: MetastoreServer, sample: Sample
+) -> None:
+    proxy = proxy_factory(upstream=f"thrift://127.0.0.1:{relay.port}")
+    _get_db(proxy.port, sample.db)  # leaves one pooled connection
+    relay.drop_idle_connections_silently()
+    m = idl.module()
+    create = idl.encode_call("create_database", 2, database=m.Database(name="never_created", parameters={}))
+    assert raw.call("127.0.0.1", proxy.port, create) == raw.CLOSED
+    with hmsclient.HMSClient(host=hms.host, port=hms.port) as c:
+        assert "never_created" not in c.get_all_databases()
+    assert relay.connections == 1
+
+
+def test_metastore_killed_mid_call(proxy_factory: ProxyFactory, tmp_path: Path) -> None:
+    doomed = MetastoreServer(tmp_path / "doomed-hms")
+    doomed.start()
+    try:
+        slow = create_slow_table(doomed.host, doomed.port)
+        proxy = proxy_factory(upstream=doomed.uri)
+        outcome: dict[str, object] = {}
+
+        def call() -> None:
+            started = time.monotonic()
+            request = idl.encode_call("get_table", 1, dbname="proxy_it", tbl_name=slow)
+            outcome["reply"] = raw.call("127.0.0.1", proxy.port, request)
+            outcome["seconds"] = time.monotonic() - started
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        time.sleep(1.0)  # the HMS is now inside the three-second read
+        doomed.kill()
+        caller.join(30)
+        assert not caller.is_alive()
+        assert outcome["reply"] == raw.CLOSED  # as a direct client would see it
+        assert outcome["seconds"] < 10  # type: ignore[operator]
+        exc = _application_exception(_get_db(proxy.port, "proxy_it"))  # and later calls
+        assert "no metastore reachable" in exc.message
+        assert proxy.alive()
+    finally:
+        doomed.kill()
+
+
+def test_sigterm_drains_calls_in_flight(proxy_factory: ProxyFactory, hms: MetastoreServer, sample: Sample) -> None:
+    slow = create_slow_table(hms.host, hms.port)
+    proxy = proxy_factory()
+    idle = raw.RawConnection("127.0.0.1", proxy.port)  # connected, no call in flight
+    outcome: dict[str, bytes] = {}
+
+    def call() -> None:
+        request = idl.encode_call("get_table", 1, dbname=sample.db, tbl_name=slow)
+        outcome["reply"] = raw.call("127.0.0.1", proxy.port, request)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    time.sleep(0.5)
+    proxy.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    with pytest.raises(ConnectionRefusedError):  # no longer accepting
+        raw.RawConnection("127.0.0.1", proxy.port).close()
+    assert idle.closed_by_peer(timeout=5)  # idle connections are closed at once
+    idle.close()
+    caller.join(30)
+    assert proxy.wait(30) == 0
+    assert outcome["reply"][3] == MessageType.REPLY  # the call in flight finished normally
+    assert "draining" in proxy.log()
+
+
+def test_oneway_calls_get_no_reply(hms: MetastoreServer, proxy_factory: ProxyFactory) -> None:
+    proxy = proxy_factory()
+    oneway = idl.encode_call("reinitialize", 1)
+    oneway = oneway[:3] + bytes([MessageType.ONEWAY]) + oneway[4:]
+    follow = idl.encode_call("getName", 2)
+    with raw.RawConnection("127.0.0.1", hms.port) as direct:
+        direct.send(oneway)
+        expected = direct.call(follow)
+    with raw.RawConnection("127.0.0.1", proxy.port) as conn:
+        conn.send(oneway)
+        assert conn.call(follow) == expected  # the first bytes back answer getName
+    assert proxy.metric("hmsproxy_requests_total", method="reinitialize", outcome="ok") == 1
