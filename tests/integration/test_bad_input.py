@@ -69,9 +69,15 @@ def test_a_reply_sent_as_a_request_is_refused(small_proxy: ProxyProcess, sample:
     _good_call(small_proxy, sample)
 
 
-def test_a_declared_2gb_string_is_refused_before_it_arrives(small_proxy: ProxyProcess, sample: Sample) -> None:
+def test_a_declared_2gb_string_is_refused_before_it_arrives(
+    small_proxy: ProxyProcess, sample: Sample
+) -> None:
     rss_before = small_proxy.rss_bytes()
-    request = encode_header("create_table", MessageType.CALL, 3) + b"\x0c\x00\x01\x0b\x00\x01" + struct.pack(">i", 2**31 - 1)
+    request = (
+        encode_header("create_table", MessageType.CALL, 3)
+        + b"\x0c\x00\x01\x0b\x00\x01"
+        + struct.pack(">i", 2**31 - 1)
+    )
     with raw.RawConnection("127.0.0.1", small_proxy.port, timeout=10) as conn:
         exc = _application_exception(conn.call(request))
         assert exc.type == TApplicationException.PROTOCOL_ERROR
@@ -91,7 +97,11 @@ def test_a_2gb_frame_is_refused(proxy_factory: ProxyFactory, sample: Sample) -> 
 
 def test_an_endless_request_is_cut_at_the_limit(small_proxy: ProxyProcess, sample: Sample) -> None:
     # A list of 10 million strings, streamed: refused once the limit (1 MiB) is passed.
-    head = encode_header("add_partitions", MessageType.CALL, 1) + b"\x0f\x00\x01\x0b" + struct.pack(">i", 10_000_000)
+    head = (
+        encode_header("add_partitions", MessageType.CALL, 1)
+        + b"\x0f\x00\x01\x0b"
+        + struct.pack(">i", 10_000_000)
+    )
     sock = socket.create_connection(("127.0.0.1", small_proxy.port), timeout=10)
     sock.sendall(head)
     sent = len(head)
@@ -123,14 +133,21 @@ def test_bad_clients_do_not_disturb_a_good_one(small_proxy: ProxyProcess, sample
         try:
             with raw.RawConnection("127.0.0.1", small_proxy.port) as conn:
                 while not stop.is_set():
-                    reply = conn.call(idl.encode_call("get_table", 5, dbname=sample.db, tbl_name=sample.table))
+                    reply = conn.call(
+                        idl.encode_call("get_table", 5, dbname=sample.db, tbl_name=sample.table)
+                    )
                     assert reply[3] == MessageType.REPLY
         except BaseException as exc:
             failures.append(exc)
 
     worker = threading.Thread(target=good)
     worker.start()
-    junk = [b"\xff" * 100, b"\x80\x01\x00\x01\x00\x00\x00\x05abc", struct.pack(">i", 2**31 - 1), b"\x00" * 64]
+    junk = [
+        b"\xff" * 100,
+        b"\x80\x01\x00\x01\x00\x00\x00\x05abc",
+        struct.pack(">i", 2**31 - 1),
+        b"\x00" * 64,
+    ]
     for i in range(40):
         conn = _send(small_proxy, junk[i % len(junk)])
         conn.close()

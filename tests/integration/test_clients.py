@@ -23,14 +23,20 @@ def _hmsclient_view(port: int, sample: Sample) -> dict[str, object]:
             "tables": sorted(c.get_all_tables(sample.db)),
             "table": c.get_table(sample.db, sample.table),
             "names": c.get_partition_names(sample.db, sample.table, -1),
-            "by_names": c.get_partitions_by_names(sample.db, sample.table, list(sample.partition_names)),
+            "by_names": c.get_partitions_by_names(
+                sample.db, sample.table, list(sample.partition_names)
+            ),
             "filtered": c.get_partitions_by_filter(sample.db, sample.table, 'region = "us"', -1),
-            "stats": c.get_table_statistics_req(t.TableStatsRequest(sample.db, sample.unpartitioned, ["amount"])),
+            "stats": c.get_table_statistics_req(
+                t.TableStatsRequest(sample.db, sample.unpartitioned, ["amount"])
+            ),
             "missing": missing,
         }
 
 
-def test_hmsclient_sees_the_same_metastore(hms: MetastoreServer, proxy: ProxyProcess, sample: Sample) -> None:
+def test_hmsclient_sees_the_same_metastore(
+    hms: MetastoreServer, proxy: ProxyProcess, sample: Sample
+) -> None:
     direct = _hmsclient_view(hms.port, sample)
     through = _hmsclient_view(proxy.port, sample)
     assert through == direct
@@ -51,15 +57,21 @@ def _pymetastore_view(port: int, sample: Sample) -> dict[str, object]:
         }
 
 
-def test_pymetastore_sees_the_same_metastore(hms: MetastoreServer, proxy: ProxyProcess, sample: Sample) -> None:
+def test_pymetastore_sees_the_same_metastore(
+    hms: MetastoreServer, proxy: ProxyProcess, sample: Sample
+) -> None:
     direct = _pymetastore_view(hms.port, sample)
     assert _pymetastore_view(proxy.port, sample) == direct
     assert direct["partition_keys"] == ["ds", "region"]
 
 
-def test_a_write_through_the_proxy_is_real(hms: MetastoreServer, proxy: ProxyProcess, sample: Sample) -> None:
+def test_a_write_through_the_proxy_is_real(
+    hms: MetastoreServer, proxy: ProxyProcess, sample: Sample
+) -> None:
     with hmsclient.HMSClient(host="127.0.0.1", port=proxy.port) as c:
-        c.create_database(t.Database("proxy_written", "", f"{hms.warehouse.as_uri()}/proxy_written.db", {}))
+        c.create_database(
+            t.Database("proxy_written", "", f"{hms.warehouse.as_uri()}/proxy_written.db", {})
+        )
     with hmsclient.HMSClient(host="127.0.0.1", port=hms.port) as c:
         assert c.get_database("proxy_written").name == "proxy_written"
         c.drop_database("proxy_written", True, True)

@@ -44,10 +44,15 @@ def test_unreachable_metastore_gives_a_prompt_thrift_error(proxy_factory: ProxyF
     exc = _application_exception(_get_db(proxy.port, "default"))
     assert time.monotonic() - started < 5
     assert "no metastore reachable" in exc.message
-    assert proxy.metric("hmsproxy_requests_total", method="get_database", outcome="upstream_error") == 1
+    assert (
+        proxy.metric("hmsproxy_requests_total", method="get_database", outcome="upstream_error")
+        == 1
+    )
 
 
-def test_fails_over_to_the_next_uri(proxy_factory: ProxyFactory, hms: MetastoreServer, sample: Sample) -> None:
+def test_fails_over_to_the_next_uri(
+    proxy_factory: ProxyFactory, hms: MetastoreServer, sample: Sample
+) -> None:
     proxy = proxy_factory(upstream=f"thrift://127.0.0.1:{free_port()},{hms.uri}")
     for seqid in range(3):
         assert _get_db(proxy.port, sample.db, seqid)[3] == MessageType.REPLY
@@ -55,8 +60,12 @@ def test_fails_over_to_the_next_uri(proxy_factory: ProxyFactory, hms: MetastoreS
     assert proxy.metric("hmsproxy_upstream_connects_total", result="failed") == 1
 
 
-def test_a_silent_metastore_times_out(proxy_factory: ProxyFactory, relay: FaultyRelay, sample: Sample) -> None:
-    proxy = proxy_factory("--upstream-read-timeout", "1", upstream=f"thrift://127.0.0.1:{relay.port}")
+def test_a_silent_metastore_times_out(
+    proxy_factory: ProxyFactory, relay: FaultyRelay, sample: Sample
+) -> None:
+    proxy = proxy_factory(
+        "--upstream-read-timeout", "1", upstream=f"thrift://127.0.0.1:{relay.port}"
+    )
     relay.blackhole = True
     started = time.monotonic()
     exc = _application_exception(_get_db(proxy.port, sample.db))
@@ -84,7 +93,9 @@ def test_a_write_on_a_stale_connection_is_not_retried(
     _get_db(proxy.port, sample.db)  # leaves one pooled connection
     relay.drop_idle_connections_silently()
     m = idl.module()
-    create = idl.encode_call("create_database", 2, database=m.Database(name="never_created", parameters={}))
+    create = idl.encode_call(
+        "create_database", 2, database=m.Database(name="never_created", parameters={})
+    )
     assert raw.call("127.0.0.1", proxy.port, create) == raw.CLOSED
     with hmsclient.HMSClient(host=hms.host, port=hms.port) as c:
         assert "never_created" not in c.get_all_databases()
@@ -120,7 +131,9 @@ def test_metastore_killed_mid_call(proxy_factory: ProxyFactory, tmp_path: Path) 
         doomed.kill()
 
 
-def test_sigterm_drains_calls_in_flight(proxy_factory: ProxyFactory, hms: MetastoreServer, sample: Sample) -> None:
+def test_sigterm_drains_calls_in_flight(
+    proxy_factory: ProxyFactory, hms: MetastoreServer, sample: Sample
+) -> None:
     slow = create_slow_table(hms.host, hms.port)
     proxy = proxy_factory()
     idle = raw.RawConnection("127.0.0.1", proxy.port)  # connected, no call in flight

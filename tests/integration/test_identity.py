@@ -13,7 +13,6 @@ import getpass
 import threading
 
 from hmsclient import hmsclient
-from hmsclient.genthrift.hive_metastore import ttypes as t
 
 from proxy import idl
 from tests.rig import raw
@@ -44,7 +43,9 @@ def _one_call(port: int, sample: Sample, user: str | None) -> None:
     with raw.RawConnection("127.0.0.1", port) as conn:
         if user is not None:
             conn.call(idl.encode_call("set_ugi", 1, user_name=user, group_names=[f"{user}-group"]))
-        reply = conn.call(idl.encode_call("get_table", 2, dbname=sample.db, tbl_name=_table_for(user)))
+        reply = conn.call(
+            idl.encode_call("get_table", 2, dbname=sample.db, tbl_name=_table_for(user))
+        )
         assert idl.decode_result("get_table", reply[12 + len("get_table") :]).success is not None
 
 
@@ -79,7 +80,9 @@ def test_each_call_runs_as_its_clients_identity(
         th.join(120)
     assert errors == []
 
-    reads = [(target, user) for event, target, user in hms.callers()[before:] if event == "READ_TABLE"]
+    reads = [
+        (target, user) for event, target, user in hms.callers()[before:] if event == "READ_TABLE"
+    ]
     expected = {f"{sample.db}.{_table_for(u)}": u or getpass.getuser() for u in (*USERS, "dave")}
     assert len(reads) == 15 * 4
     for target, user in reads:
@@ -104,5 +107,9 @@ def test_a_client_without_set_ugi_never_gets_a_bound_connection(
     before = len(hms.callers())
     _one_call(proxy.port, sample, "alice")  # leaves an idle connection bound to alice
     _one_call(proxy.port, sample, None)
-    users = [u for e, target, u in hms.callers()[before:] if e == "READ_TABLE" and target.endswith("anonymous")]
+    users = [
+        u
+        for e, target, u in hms.callers()[before:]
+        if e == "READ_TABLE" and target.endswith("anonymous")
+    ]
     assert users == [getpass.getuser()]

@@ -44,10 +44,20 @@ def _sd(location: str) -> t.StorageDescriptor:
     )
 
 
-def create(host: str, port: int, warehouse: str) -> Sample:
+def client(host: str, port: int, *, framed: bool = False) -> hmsclient.HMSClient:
+    """An hmsclient, on the framed transport when the server wants it (hmsclient's default is not)."""
+    if not framed:
+        return hmsclient.HMSClient(host=host, port=port)
+    from thrift.protocol.TBinaryProtocol import TBinaryProtocol
+    from thrift.transport.TSocket import TSocket
+    from thrift.transport.TTransport import TFramedTransport
+
+    return hmsclient.HMSClient(iprot=TBinaryProtocol(TFramedTransport(TSocket(host, port))))
+
+
+def create(host: str, port: int, warehouse: str, *, framed: bool = False) -> Sample:
     sample = Sample()
-    client = hmsclient.HMSClient(host=host, port=port)
-    with client as c:
+    with client(host, port, framed=framed) as c:
         if DB in c.get_all_databases():
             return sample
         c.create_database(t.Database(DB, "test objects", f"{warehouse}/{DB}.db", {}))
@@ -120,8 +130,13 @@ def create_slow_table(host: str, port: int, db: str = DB) -> str:
         if SLOW_TABLE not in c.get_all_tables(db):
             c.create_table(
                 t.Table(
-                    tableName=SLOW_TABLE, dbName=db, owner="rig", sd=_sd(None),  # type: ignore[arg-type]
-                    partitionKeys=[], parameters={}, tableType="MANAGED_TABLE",
+                    tableName=SLOW_TABLE,
+                    dbName=db,
+                    owner="rig",
+                    sd=_sd(None),  # type: ignore[arg-type]
+                    partitionKeys=[],
+                    parameters={},
+                    tableType="MANAGED_TABLE",
                 )
             )
     return SLOW_TABLE

@@ -1,0 +1,109 @@
+"""Options: one table, three spellings, flag > environment > file > default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy import cli
+from proxy.config import ConfigError, Endpoint, HostPort, load, redact_url
+from proxy.wire.framing import Transport
+
+UP = {"upstream": "thrift://hms:9083"}
+
+
+def test_defaults_are_what_engines_expect() -> None:
+    options = load(UP, {})
+    assert options.listen == HostPort("0.0.0.0", 9083)
+    assert options.metrics_listen == HostPort("0.0.0.0", 9090)
+    assert options.client_transport is Transport.BUFFERED
+    assert options.upstream_transport is Transport.BUFFERED
+    # Connect plus read timeout stays under the engines' 10 s metastore read timeout.
+    assert options.upstream_connect_timeout + options.upstream_read_timeout < 10
+    assert options.max_reply_bytes >= 100_000 * 1100  # 100,000 partitions of ~1.1 KB
+
+
+def test_upstream_is_a_comma_list_in_order() -> None:
+    options = load({"upstream": "thrift://a:9083, thrift://b.example:19083"}, {})
+    assert options.upstream == (Endpoint("a", 9083), Endpoint("b.example", 19083))
+
+
+def test_precedence_flag_env_file_default(tmp_path: Path) -> None:
+    file = tmp_path / "proxy.toml"
+    file.write_text(
+        'upstream = "thrift://file:1"\nupstream_read_timeout = 3.5\nlisten = "127.0.0.1:7000"\n'
+    )
+    env = {
+        "HMS_CACHE_PROXY_UPSTREAM": "thrift://env:2",
+        "HMS_CACHE_PROXY_UPSTREAM_READ_TIMEOUT": "4",
+    }
+    options = load({"upstream": "thrift://flag:3"}, env, file)
+    assert options.upstream == (Endpoint("flag", 3),)
+    assert options.upstream_read_timeout == 4.0  # env beats file
+    assert options.listen == HostPort("127.0.0.1", 7000)  # file beats default
+    assert options.upstream_connect_timeout == 2.0  # default
+
+
+def test_every_problem_is_reported_once_with_its_source(tmp_path: Path) -> None:
+    file = tmp_path / "bad.toml"
+    file.write_text('colour = "blue"\nmax_reply_bytes = "lots"\n')
+    env = {"HMS_CACHE_PROXY_LISTEN": "nowhere", "HMS_CACHE_PROXY_TYPO": "1"}
+    with pytest.raises(ConfigError) as err:
+        load({"upstream": "http://hms:9083", "client_transport": "udp"}, env, file)
+    problems = err.value.problems
+    assert len(problems) == 6
+    assert any(p.startswith("--upstream:") and "thrift://" in p for p in problems)
+    assert any(p.startswith("--client-transport:") for p in problems)
+    assert any(p.startswith("HMS_CACHE_PROXY_LISTEN:") for p in problems)
+    assert any("HMS_CACHE_PROXY_TYPO" in p for p in problems)
+    assert any("unknown option 'colour'" in p for p in problems)
+    assert any("config file key 'max_reply_bytes'" in p for p in problems)
+
+
+def test_missing_upstream_is_a_problem() -> None:
+    with pytest.raises(ConfigError, match="no metastore given"):
+        load({}, {})
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("64MiB", 64 << 20), ("512k", 512 << 10), ("1G", 1 << 30), ("1000", 1000)]
+)
+def test_sizes(text: str, value: int) -> None:
+    assert load({**UP, "max_request_bytes": text}, {}).max_request_bytes == value
+
+
+def test_redis_password_is_redacted() -> None:
+    assert redact_url("redis://user:s3cret@r:6379/0") == "redis://user:***@r:6379/0"
+    assert redact_url("rediss://:s3cret@r:6380") == "rediss://:***@r:6380"
+    assert redact_url("unix:///run/redis.sock") == "unix:///run/redis.sock"
+
+
+def test_print_config_redacts_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(
+        [
+            "serve",
+            "--print-config",
+            "--redis",
+            "redis://u:hunter2@r:6379/0",
+            "--upstream",
+            "thrift://h:1",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "hunter2" not in out and 'redis = "redis://u:***@r:6379/0"' in out
+    assert 'upstream = "thrift://h:1"' in out
+
+
+def test_bad_configuration_exits_2_with_one_line_per_problem(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = cli.main(
+        ["serve", "--upstream", "thrift://h:1", "--listen", "x", "--drain-timeout", "-1"]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 2 and all(
+        line.startswith("hms-cache-proxy: configuration: ") for line in err
+    )
