@@ -27,11 +27,13 @@ def main(uri: str, warehouse: str, db: str) -> None:
     spark.sql("SET hive.exec.dynamic.partition.mode=nonstrict")
     spark.sql(f"CREATE DATABASE {db}")
     spark.sql(
-        f"CREATE TABLE {db}.events (id INT, name STRING) PARTITIONED BY (ds STRING) STORED AS PARQUET"
+        f"CREATE TABLE {db}.events (id INT, name STRING) "
+        "PARTITIONED BY (ds STRING) STORED AS PARQUET"
     )
     spark.sql(
         f"INSERT INTO {db}.events PARTITION (ds) VALUES "
-        "(1, 'a', '2024-01-01'), (2, 'b', '2024-01-02'), (3, 'c', '2024-01-02'), (4, 'd', '2024-01-03')"
+        "(1, 'a', '2024-01-01'), (2, 'b', '2024-01-02'), "
+        "(3, 'c', '2024-01-02'), (4, 'd', '2024-01-03')"
     )
     partitions = [r[0] for r in spark.sql(f"SHOW PARTITIONS {db}.events").collect()]
     selected = spark.sql(

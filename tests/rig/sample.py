@@ -45,7 +45,7 @@ def _sd(location: str) -> t.StorageDescriptor:
 
 
 def client(host: str, port: int, *, framed: bool = False) -> hmsclient.HMSClient:
-    """An hmsclient, on the framed transport when the server wants it (hmsclient's default is not)."""
+    """An hmsclient; on the framed transport if the server wants it (hmsclient's default is not)."""
     if not framed:
         return hmsclient.HMSClient(host=host, port=port)
     from thrift.protocol.TBinaryProtocol import TBinaryProtocol
