@@ -173,9 +173,8 @@ class _Session:
         partial = self.requests.buffered > 0
         try:
             if partial:
-                data = await asyncio.wait_for(
-                    self.reader.read(READ_SIZE), self.options.client_message_timeout
-                )
+                async with asyncio.timeout(self.options.client_message_timeout):
+                    data = await self.reader.read(READ_SIZE)
             else:
                 data = await self.reader.read(READ_SIZE)
         except TimeoutError:

@@ -137,7 +137,8 @@ class MessageReader:
         if not self._advance():
             return None
         assert self.header is not None and self._end is not None
-        message = Message(self.header, bytes(self._buf[self._start : self._end]))
+        with memoryview(self._buf) as view:
+            message = Message(self.header, bytes(view[self._start : self._end]))
         del self._buf[: self._end]
         self._reset()
         return message
@@ -158,12 +159,14 @@ class MessageReader:
         stop = len(self._buf) if self._end is None else self._end
         if self._frame_end is not None:
             stop = min(stop, self._frame_end)
-        data = bytes(self._buf[self._taken : stop])
+        with memoryview(self._buf) as view:
+            data = bytes(view[self._taken : stop])  # one copy (a bytearray slice makes two)
         self._taken = stop
         if self._end is not None:
             message = None
             if self.keep:
-                message = Message(header, bytes(self._buf[self._start : self._end]))
+                with memoryview(self._buf) as view:
+                    message = Message(header, bytes(view[self._start : self._end]))
             del self._buf[: self._end]
             self._reset()
             return Piece(header, data, True, message)

@@ -1,0 +1,127 @@
+"""Shared pieces of the benchmarks: a real HMS with a wide partitioned table, raw timing."""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import time
+from pathlib import Path
+
+from hmsclient.genthrift.hive_metastore import ttypes as t
+
+from proxy.wire.framing import MessageReader, Transport
+from tests.rig.hms import MetastoreServer
+from tests.rig.sample import client
+
+BENCH_DB = "bench"
+WIDE_TABLE = "wide"
+COLUMNS = 20
+
+
+def start_metastore(data_dir: Path) -> MetastoreServer:
+    """A metastore whose Derby folder persists in ``data_dir``, so data is built once."""
+    server = MetastoreServer(data_dir / "hms")
+    server.start()
+    return server
+
+
+def ensure_wide_table(server: MetastoreServer, partitions: int) -> None:
+    """``bench.wide``: ``partitions`` partitions of 20 string columns each (~1.1 KB apiece)."""
+    with client(server.host, server.port) as c:
+        if BENCH_DB not in c.get_all_databases():
+            c.create_database(t.Database(BENCH_DB, "", f"{server.warehouse.as_uri()}/bench.db", {}))
+        cols = [t.FieldSchema(f"column_number_{i}", "string", None) for i in range(COLUMNS)]
+
+        def sd(location: str) -> t.StorageDescriptor:
+            return t.StorageDescriptor(
+                cols=cols,
+                location=location,
+                inputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetInputFormat",
+                outputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat",
+                compressed=False,
+                numBuckets=-1,
+                serdeInfo=t.SerDeInfo(
+                    None, "org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe", {}
+                ),
+                bucketCols=[],
+                sortCols=[],
+                parameters={},
+            )
+
+        base = f"{server.warehouse.as_uri()}/bench.db/{WIDE_TABLE}"
+        if WIDE_TABLE not in c.get_all_tables(BENCH_DB):
+            c.create_table(
+                t.Table(
+                    tableName=WIDE_TABLE,
+                    dbName=BENCH_DB,
+                    owner="bench",
+                    sd=sd(base),
+                    partitionKeys=[t.FieldSchema("ds", "string", None)],
+                    parameters={},
+                    tableType="EXTERNAL_TABLE",
+                )
+            )
+        have = len(c.get_partition_names(BENCH_DB, WIDE_TABLE, -1))
+        started = time.monotonic()
+        for start in range(have, partitions, 1000):
+            batch = [
+                t.Partition(
+                    values=[f"p{i:06d}"],
+                    dbName=BENCH_DB,
+                    tableName=WIDE_TABLE,
+                    sd=sd(f"{base}/ds=p{i:06d}"),
+                    parameters={"numRows": "1000"},
+                )
+                for i in range(start, min(start + 1000, partitions))
+            ]
+            c.add_partitions(batch)
+            print(
+                f"  added partitions up to {start + len(batch)} ({time.monotonic() - started:.0f} s)",
+                flush=True,
+            )
+
+
+class TimedConnection:
+    """A socket that sends a request and times until the last byte of its reply."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        self.sock = socket.create_connection((host, port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = bytearray(1 << 20)
+
+    def reply_length(self, request: bytes) -> int:
+        """Send once and find the reply's length (with the proxy's own framing code)."""
+        self.sock.sendall(request)
+        reader = MessageReader(Transport.BUFFERED, 1 << 30)
+        while True:
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise EOFError("closed")
+            reader.feed(chunk)
+            message = reader.next_message()
+            if message is not None:
+                return len(message.data)
+
+    def timed(self, request: bytes, length: int) -> float:
+        view = memoryview(self.buf)
+        started = time.perf_counter()
+        self.sock.sendall(request)
+        got = 0
+        while got < length:
+            n = self.sock.recv_into(view)
+            if n == 0:
+                raise EOFError("closed")
+            got += n
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def p50(samples: list[float]) -> float:
+    return statistics.median(samples)

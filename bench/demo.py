@@ -1,0 +1,260 @@
+"""The proxy's main job, end to end, on this machine.
+
+    ./scripts/demo.sh            (or: .venv/bin/python -m bench.demo [--rounds N])
+
+1. starts a real Hive Metastore 2.3.10 from the pyspark jars (Derby, in a temporary folder);
+2. starts a Redis server if ``redis-server`` is installed (else the proxy's embedded cache);
+3. starts the proxy in front of the metastore;
+4. creates a database and a partitioned table of 200 partitions through the proxy, then runs
+   the read sequences engines run for every query: Trino's (get_table_req,
+   get_partition_names_ps, get_partitions_by_names in batches, get_partitions_statistics_req)
+   and Spark's (get_table, get_partitions_by_filter), plus a few writes;
+5. runs the same reads straight at the metastore, interleaved, and prints per-method calls,
+   outcomes and latency direct vs through the proxy, from the proxy's own /metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from hmsclient.genthrift.hive_metastore import ttypes as t
+
+from proxy import idl
+from tests.rig.hms import MetastoreServer
+from tests.rig.proxy_process import ProxyProcess
+from tests.rig.redis_server import RedisServer
+from tests.rig.sample import client
+
+from bench.common import TimedConnection
+
+DB, TABLE, PARTITIONS = "demo", "page_views", 200
+
+
+def build_table(port: int, warehouse: str) -> list[str]:
+    cols = [
+        t.FieldSchema(name, kind, None)
+        for name, kind in (("url", "string"), ("user_id", "bigint"), ("ms", "int"))
+    ]
+
+    def sd(location: str) -> t.StorageDescriptor:
+        return t.StorageDescriptor(
+            cols=cols,
+            location=location,
+            inputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetInputFormat",
+            outputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat",
+            compressed=False,
+            numBuckets=-1,
+            serdeInfo=t.SerDeInfo(
+                None, "org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe", {}
+            ),
+            bucketCols=[],
+            sortCols=[],
+            parameters={},
+        )
+
+    base = f"{warehouse}/{DB}.db/{TABLE}"
+    days = [f"2024-{1 + i // 28:02d}-{1 + i % 28:02d}" for i in range(PARTITIONS)]
+    with client("127.0.0.1", port) as c:
+        c.create_database(t.Database(DB, "demo", f"{warehouse}/{DB}.db", {}))
+        c.create_table(
+            t.Table(
+                tableName=TABLE,
+                dbName=DB,
+                owner="demo",
+                sd=sd(base),
+                partitionKeys=[t.FieldSchema("ds", "string", None)],
+                parameters={},
+                tableType="EXTERNAL_TABLE",
+            )
+        )
+        c.add_partitions(
+            [
+                t.Partition(
+                    values=[d],
+                    dbName=DB,
+                    tableName=TABLE,
+                    sd=sd(f"{base}/ds={d}"),
+                    parameters={"numRows": "100"},
+                )
+                for d in days
+            ]
+        )
+    return [f"ds={d}" for d in days]
+
+
+def workload(names: list[str]) -> list[tuple[str, bytes]]:
+    """One query's worth of metastore calls, Trino-shaped then Spark-shaped."""
+    m = idl.module()
+    calls = [
+        (
+            "get_table_req",
+            idl.encode_call("get_table_req", 1, req=m.GetTableRequest(dbName=DB, tblName=TABLE)),
+        ),
+        (
+            "get_partition_names_ps",
+            idl.encode_call(
+                "get_partition_names_ps",
+                2,
+                db_name=DB,
+                tbl_name=TABLE,
+                part_vals=[""],
+                max_parts=-1,
+            ),
+        ),
+    ]
+    for i in range(0, 40, 20):
+        calls.append(
+            (
+                "get_partitions_by_names",
+                idl.encode_call(
+                    "get_partitions_by_names",
+                    3,
+                    db_name=DB,
+                    tbl_name=TABLE,
+                    names=names[i : i + 20],
+                ),
+            )
+        )
+    calls.append(
+        (
+            "get_partitions_statistics_req",
+            idl.encode_call(
+                "get_partitions_statistics_req",
+                4,
+                request=m.PartitionsStatsRequest(
+                    dbName=DB, tblName=TABLE, colNames=["ms"], partNames=names[:40]
+                ),
+            ),
+        )
+    )
+    calls.append(("get_table", idl.encode_call("get_table", 5, dbname=DB, tbl_name=TABLE)))
+    calls.append(
+        (
+            "get_partitions_by_filter",
+            idl.encode_call(
+                "get_partitions_by_filter",
+                6,
+                db_name=DB,
+                tbl_name=TABLE,
+                filter='ds >= "2024-03-01"',
+                max_parts=-1,
+            ),
+        )
+    )
+    return calls
+
+
+def timed_round(
+    conn: TimedConnection,
+    calls: list[tuple[str, bytes]],
+    lengths: dict[bytes, int],
+    into: dict[str, list[float]],
+) -> None:
+    for name, request in calls:
+        into.setdefault(name, []).append(conn.timed(request, lengths[request]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=50, help="query rounds on each side")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="hms-cache-proxy-demo-"))
+    hms = MetastoreServer(work / "hms")
+    redis = RedisServer(work / "redis") if shutil.which("redis-server") else None
+    proxy: ProxyProcess | None = None
+
+    def step(text: str) -> None:
+        print(f"* {text}", flush=True)
+
+    try:
+        step("starting a Hive Metastore 2.3.10 (pyspark jars, Derby)")
+        hms.start()
+        extra: list[str] = []
+        if redis is not None:
+            redis.start()
+            extra = ["--redis", redis.url]
+            step(f"started redis-server on port {redis.port}")
+        else:
+            step("redis-server not installed: the proxy uses its embedded cache")
+        proxy = ProxyProcess(work, hms.uri, "--log-level", "warning", *extra).start()
+        step(
+            f"proxy listening on 127.0.0.1:{proxy.port} -> {hms.uri} (metrics on :{proxy.metrics_port})"
+        )
+        names = build_table(proxy.port, hms.warehouse.as_uri())
+        step(f"created {DB}.{TABLE} with {len(names)} partitions through the proxy")
+
+        calls = workload(names)
+        direct, proxied = TimedConnection(hms.port), TimedConnection(proxy.port)
+        lengths = {}
+        for _, request in calls:
+            lengths[request] = direct.reply_length(request)
+            assert proxied.reply_length(request) == lengths[request]
+        step(
+            f"running {args.rounds} query rounds ({len(calls)} calls each) through the proxy and directly, interleaved"
+        )
+        d_times: dict[str, list[float]] = {}
+        p_times: dict[str, list[float]] = {}
+        started = time.monotonic()
+        for _ in range(args.rounds):
+            timed_round(proxied, calls, lengths, p_times)
+            timed_round(direct, calls, lengths, d_times)
+        with client("127.0.0.1", proxy.port) as c:  # a write through the proxy
+            part = c.get_partition_by_name(DB, TABLE, names[0])
+            part.parameters["numRows"] = "101"
+            c.alter_partition(DB, TABLE, part)
+        elapsed = time.monotonic() - started
+        direct.close()
+        proxied.close()
+
+        metrics = proxy.metrics()
+        print()
+        print(f"Summary ({args.rounds} rounds in {elapsed:.1f} s)")
+        print(
+            f"{'method':32} {'calls':>6} {'ok':>6} {'errors':>6} {'direct p50':>11} {'proxy p50':>10} {'hits':>6}"
+        )
+
+        def sample(metric: str, **labels: str) -> float:
+            return metrics.get((metric, tuple(sorted(labels.items()))), 0.0)
+
+        for name in sorted(set(d_times) | {"alter_partition", "add_partitions", "create_table"}):
+            ok = sample("hmsproxy_requests_total", method=name, outcome="ok")
+            errors = sum(
+                sample("hmsproxy_requests_total", method=name, outcome=o)
+                for o in ("user_error", "upstream_error", "internal_error")
+            )
+            hits = sample("hmsproxy_cache_lookups_total", method=name, result="hit")
+            dp = f"{statistics.median(d_times[name]) * 1000:.2f} ms" if name in d_times else "-"
+            pp = f"{statistics.median(p_times[name]) * 1000:.2f} ms" if name in p_times else "-"
+            print(
+                f"{name:32} {int(ok + errors):>6} {int(ok):>6} {int(errors):>6} {dp:>11} {pp:>10} {int(hits):>6}"
+            )
+        total_direct = sum(sum(v) for v in d_times.values())
+        total_proxy = sum(sum(v) for v in p_times.values())
+        print(
+            f"\nmetastore time for the whole workload: direct {total_direct:.2f} s, through the proxy {total_proxy:.2f} s"
+        )
+        upstream = sum(
+            v for (n, _), v in metrics.items() if n == "hmsproxy_upstream_requests_total"
+        )
+        opened = sample("hmsproxy_upstream_connects_total", result="ok")
+        print(
+            f"calls the proxy sent to the metastore: {int(upstream)}; connections it opened: {int(opened)}"
+        )
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        if redis is not None:
+            redis.stop()
+        hms.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
