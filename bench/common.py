@@ -76,7 +76,8 @@ def ensure_wide_table(server: MetastoreServer, partitions: int) -> None:
             ]
             c.add_partitions(batch)
             print(
-                f"  added partitions up to {start + len(batch)} ({time.monotonic() - started:.0f} s)",
+                f"  added partitions up to {start + len(batch)}"
+                f" ({time.monotonic() - started:.0f} s)",
                 flush=True,
             )
 

@@ -24,13 +24,12 @@ from pathlib import Path
 
 from hmsclient.genthrift.hive_metastore import ttypes as t
 
+from bench.common import TimedConnection
 from proxy import idl
 from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.redis_server import RedisServer
 from tests.rig.sample import client
-
-from bench.common import TimedConnection
 
 DB, TABLE, PARTITIONS = "demo", "page_views", 200
 
@@ -185,7 +184,8 @@ def main() -> None:
             step("redis-server not installed: the proxy uses its embedded cache")
         proxy = ProxyProcess(work, hms.uri, "--log-level", "warning", *extra).start()
         step(
-            f"proxy listening on 127.0.0.1:{proxy.port} -> {hms.uri} (metrics on :{proxy.metrics_port})"
+            f"proxy listening on 127.0.0.1:{proxy.port} -> {hms.uri}"
+            f" (metrics on :{proxy.metrics_port})"
         )
         names = build_table(proxy.port, hms.warehouse.as_uri())
         step(f"created {DB}.{TABLE} with {len(names)} partitions through the proxy")
@@ -197,7 +197,8 @@ def main() -> None:
             lengths[request] = direct.reply_length(request)
             assert proxied.reply_length(request) == lengths[request]
         step(
-            f"running {args.rounds} query rounds ({len(calls)} calls each) through the proxy and directly, interleaved"
+            f"running {args.rounds} query rounds ({len(calls)} calls each)"
+            " through the proxy and directly, interleaved"
         )
         d_times: dict[str, list[float]] = {}
         p_times: dict[str, list[float]] = {}
@@ -217,7 +218,8 @@ def main() -> None:
         print()
         print(f"Summary ({args.rounds} rounds in {elapsed:.1f} s)")
         print(
-            f"{'method':32} {'calls':>6} {'ok':>6} {'errors':>6} {'direct p50':>11} {'proxy p50':>10} {'hits':>6}"
+            f"{'method':32} {'calls':>6} {'ok':>6} {'errors':>6}"
+            f" {'direct p50':>11} {'proxy p50':>10} {'hits':>6}"
         )
 
         def sample(metric: str, **labels: str) -> float:
@@ -233,19 +235,22 @@ def main() -> None:
             dp = f"{statistics.median(d_times[name]) * 1000:.2f} ms" if name in d_times else "-"
             pp = f"{statistics.median(p_times[name]) * 1000:.2f} ms" if name in p_times else "-"
             print(
-                f"{name:32} {int(ok + errors):>6} {int(ok):>6} {int(errors):>6} {dp:>11} {pp:>10} {int(hits):>6}"
+                f"{name:32} {int(ok + errors):>6} {int(ok):>6} {int(errors):>6}"
+                f" {dp:>11} {pp:>10} {int(hits):>6}"
             )
         total_direct = sum(sum(v) for v in d_times.values())
         total_proxy = sum(sum(v) for v in p_times.values())
         print(
-            f"\nmetastore time for the whole workload: direct {total_direct:.2f} s, through the proxy {total_proxy:.2f} s"
+            f"\nmetastore time for the whole workload: direct {total_direct:.2f} s,"
+            f" through the proxy {total_proxy:.2f} s"
         )
         upstream = sum(
             v for (n, _), v in metrics.items() if n == "hmsproxy_upstream_requests_total"
         )
         opened = sample("hmsproxy_upstream_connects_total", result="ok")
         print(
-            f"calls the proxy sent to the metastore: {int(upstream)}; connections it opened: {int(opened)}"
+            f"calls the proxy sent to the metastore: {int(upstream)};"
+            f" connections it opened: {int(opened)}"
         )
     finally:
         if proxy is not None:

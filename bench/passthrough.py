@@ -13,9 +13,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from proxy import idl
-from tests.rig.proxy_process import ProxyProcess
-
 from bench.common import (
     BENCH_DB,
     WIDE_TABLE,
@@ -25,6 +22,8 @@ from bench.common import (
     percentile,
     start_metastore,
 )
+from proxy import idl
+from tests.rig.proxy_process import ProxyProcess
 
 DATA = Path(__file__).resolve().parents[1] / ".rig" / "bench"
 
@@ -95,7 +94,8 @@ def main() -> None:
         )
         print()
         print(
-            "| call | reply bytes | direct p50 ms | proxied p50 ms | added p50 ms | added | direct p99 ms | proxied p99 ms |"
+            "| call | reply bytes | direct p50 ms | proxied p50 ms | added p50 ms | added"
+            " | direct p99 ms | proxied p99 ms |"
         )
         print("|---|---:|---:|---:|---:|---:|---:|---:|")
         print("\n".join(rows))
