@@ -8,6 +8,11 @@ import logging
 import signal
 from dataclasses import dataclass
 
+from proxy.cache.engine import CacheEngine
+from proxy.cache.keys import Naming
+from proxy.cache.plan import Planner, Ttls
+from proxy.cache.redis_store import RedisStore
+from proxy.cache.store import MemoryStore, Store
 from proxy.config import Options
 from proxy.handler import CallHandler
 from proxy.http import MetricsServer
@@ -26,17 +31,21 @@ class Proxy:
     thrift: ThriftServer
     http: MetricsServer
 
+    cache: CacheEngine | None
+
     @classmethod
     def build(cls, options: Options, metrics: Metrics | None = None) -> Proxy:
         metrics = metrics or Metrics()
         pool = UpstreamPool(options, metrics)
-        handler = CallHandler(options, pool, metrics)
+        cache = build_cache(options, metrics) if options.cache == "on" else None
+        handler = CallHandler(options, pool, metrics, cache)
         return cls(
             options,
             metrics,
             pool,
             ThriftServer(options, handler, metrics),
             MetricsServer(options.metrics_listen, metrics),
+            cache,
         )
 
     async def start(self) -> None:
@@ -52,7 +61,46 @@ class Proxy:
     async def stop(self) -> None:
         await self.thrift.stop(self.options.drain_timeout)
         await self.pool.close()
+        if self.cache is not None:
+            await self.cache.store.close()
         await self.http.stop()
+
+
+def ttls_of(options: Options) -> Ttls:
+    return Ttls(
+        catalog=options.ttl_catalog,
+        database=options.ttl_database,
+        table=options.ttl_table,
+        partitions=options.ttl_partitions,
+        statistics=options.ttl_statistics,
+        functions=options.ttl_functions,
+        negative=options.ttl_negative,
+    )
+
+
+def build_cache(options: Options, metrics: Metrics) -> CacheEngine:
+    ttls = ttls_of(options)
+    store: Store
+    if options.redis:
+        store = RedisStore(
+            options.redis,
+            timeout=options.redis_timeout,
+            version_ttl=ttls.longest * 2 + 60,
+            metrics=metrics,
+            mode=options.redis_mode,
+        )
+    else:
+        store = MemoryStore(options.memory_cache_bytes)
+    planner = Planner(
+        Naming(options.redis_key_prefix), ttls, per_user=options.cache_scope == "user"
+    )
+    return CacheEngine(
+        store,
+        planner,
+        metrics,
+        l1_bytes=options.memory_cache_bytes,
+        max_entry_bytes=options.cache_max_entry_bytes,
+    )
 
 
 async def serve(options: Options) -> int:

@@ -263,6 +263,81 @@ class Options:
         "on SIGTERM, seconds in-flight calls get to finish (Kubernetes waits 30 s by default)",
         metavar="SECONDS",
     )
+    cache: str = _opt(
+        "on",
+        choice("on", "off"),
+        "answer reads from the cache (off: a plain proxy)",
+        metavar="on|off",
+    )
+    cache_scope: str = _opt(
+        "shared",
+        choice("shared", "user"),
+        "shared: one cache for everyone; user: entries are per set_ugi user and groups, so no "
+        "user is ever served a reply fetched for another",
+        metavar="shared|user",
+    )
+    memory_cache_bytes: int = _opt(
+        256 << 20,
+        parse_size,
+        "without --redis, the embedded cache's size; with it, the in-process front of decoded "
+        "replies (validated against Redis on every hit)",
+        metavar="BYTES",
+    )
+    cache_max_entry_bytes: int = _opt(
+        64 << 20,
+        parse_size,
+        "largest reply cached (bigger ones are streamed through only)",
+        metavar="BYTES",
+    )
+    redis_timeout: float = _opt(
+        0.05,
+        parse_seconds,
+        "seconds a Redis operation may take before the call is answered from the metastore",
+        metavar="SECONDS",
+    )
+    redis_mode: str = _opt(
+        "auto",
+        choice("auto", "single", "cluster"),
+        "single Redis or Redis Cluster; auto asks the server",
+        metavar="auto|single|cluster",
+    )
+    redis_key_prefix: str = _opt(
+        "hmsc:1:", str, "prefix of every key this proxy writes to Redis", metavar="PREFIX"
+    )
+    ttl_catalog: float = _opt(
+        60.0, parse_seconds, "seconds database lists (and privileges) are cached", metavar="SECONDS"
+    )
+    ttl_database: float = _opt(
+        60.0,
+        parse_seconds,
+        "seconds database objects and table lists are cached",
+        metavar="SECONDS",
+    )
+    ttl_table: float = _opt(
+        60.0,
+        parse_seconds,
+        "seconds table objects, fields and schemas are cached",
+        metavar="SECONDS",
+    )
+    ttl_partitions: float = _opt(
+        60.0,
+        parse_seconds,
+        "seconds partition names and partition objects are cached",
+        metavar="SECONDS",
+    )
+    ttl_statistics: float = _opt(
+        60.0, parse_seconds, "seconds column statistics are cached", metavar="SECONDS"
+    )
+    ttl_functions: float = _opt(
+        300.0, parse_seconds, "seconds function definitions are cached", metavar="SECONDS"
+    )
+    ttl_negative: float = _opt(
+        15.0,
+        parse_seconds,
+        "seconds a NoSuchObjectException for a table or database is cached (a create "
+        "through the proxy clears it at once)",
+        metavar="SECONDS",
+    )
     log_level: str = _opt(
         "info", choice("debug", "info", "warning", "error"), "log level", metavar="LEVEL"
     )

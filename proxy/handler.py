@@ -1,10 +1,16 @@
-"""What happens to one call: look it up in the catalog, forward it, relay the reply.
+"""What happens to one call: look it up in the catalog, then serve it, forward it, or both.
 
-The reply to a client is the metastore's reply byte for byte. The proxy forwards the
-client's request as it came (old non-strict headers are rewritten to the strict form the HMS
-requires, nothing else), so the HMS echoes the client's own seqid and the reply needs no
-patching. For a client on the buffered transport the reply is streamed: each piece goes out
-as it arrives, so a 100 MB partition list costs neither the wait nor the memory of holding it.
+* **Cacheable reads** are answered from the cache when the entry is current; otherwise the
+  call goes to the HMS and its reply is streamed to the client while being kept, then stored
+  (before the last piece goes out, for replies small enough that this costs nothing, so the
+  client's next call can already hit).
+* **Writes** go to the HMS; their reply is held until the scopes they change are
+  invalidated, then sent: a writer never reads its own write stale.
+* **Everything else** (other reads, unknown methods, session calls) is forwarded.
+
+The reply to a client is the metastore's reply byte for byte. Requests are forwarded as they
+came (old non-strict headers are rewritten to the strict form the HMS requires), so the HMS
+echoes the client's own seqid; cached replies get the caller's seqid patched in.
 
 When the metastore cannot be reached or stays silent past the read timeout, the client gets
 a ``TApplicationException`` promptly (engines treat it as retryable). When the metastore
@@ -16,11 +22,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from proxy import catalog, idl
-from proxy.catalog import Kind
+from proxy.cache import partitions as parts
+from proxy.cache.engine import CacheEngine, Result, reply_for
+from proxy.cache.plan import FLUSH, ReadPlan
+from proxy.catalog import Kind, MethodSpec
 from proxy.config import Options
 from proxy.metrics import Metrics, method_label
 from proxy.upstream import (
@@ -48,6 +58,13 @@ from proxy.wire.framing import Message, Transport
 
 log = logging.getLogger(__name__)
 
+# Replies up to this size are stored before their last bytes go out (a few hundred
+# microseconds at most); bigger ones are stored after, off the client's clock.
+STORE_BEFORE_REPLY_BYTES = 256 * 1024
+
+# Names of methods this proxy does not know that still cannot change metadata.
+_READ_PREFIXES = ("get", "list_", "show_", "fetch_", "check_", "is", "partition_name_", "find")
+
 
 class ClientGone(Exception):
     """The client connection must be closed (its reply can no longer be completed)."""
@@ -73,6 +90,9 @@ class SessionState:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+OnReply = Callable[[Message], Awaitable[None]]
+
+
 def upstream_request(message: Message) -> bytes:
     """The request as the HMS must see it: strict header, body untouched."""
     h = message.header
@@ -93,10 +113,17 @@ def result_outcome(message_type: int, body_start: bytes) -> str:
 
 
 class CallHandler:
-    def __init__(self, options: Options, pool: UpstreamPool, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        options: Options,
+        pool: UpstreamPool,
+        metrics: Metrics,
+        cache: CacheEngine | None = None,
+    ) -> None:
         self.options = options
         self.pool = pool
         self.metrics = metrics
+        self.cache = cache
 
     async def handle(self, session: SessionState, message: Message, client: ClientChannel) -> None:
         """Answer one call. Raises ClientGone when the client connection must be closed."""
@@ -104,15 +131,22 @@ class CallHandler:
         label = method_label(header.name)
         spec = catalog.lookup(header.name)
         started = time.perf_counter()
-        oneway = header.type == MessageType.ONEWAY or header.name in idl.oneway_methods()
+        source = "upstream"
         try:
             if header.name == "set_ugi":
                 outcome = await self._set_ugi(session, message, client)
             elif spec is not None and spec.kind is Kind.SESSION:
                 outcome = await self._pinned_call(session, message, client)
+            elif spec is not None and spec.kind is Kind.CACHEABLE_READ and self.cache is not None:
+                outcome, source = await self._cached_read(session, message, client, spec)
+            elif self.cache is not None and (spec is None or spec.kind is Kind.WRITE):
+                outcome = await self._write(session, message, client, spec)
             else:
+                oneway = header.type == MessageType.ONEWAY or header.name in idl.oneway_methods()
                 retries = 1 if spec is not None and spec.retryable else 0
-                outcome = await self._forward(session, message, client, oneway, retries)
+                outcome = await self._forward(
+                    session, message, client, oneway=oneway, retries=retries
+                )
         except ClientGone:
             self.metrics.requests.labels(label, "upstream_error").inc()
             raise
@@ -124,22 +158,231 @@ class CallHandler:
             )
             return
         self.metrics.requests.labels(label, outcome).inc()
-        self.metrics.request_duration.labels(label, "upstream").observe(
-            time.perf_counter() - started
-        )
+        self.metrics.request_duration.labels(label, source).observe(time.perf_counter() - started)
 
-    # -- plain forwarding --------------------------------------------------------------------
+    # -- cached reads ----------------------------------------------------------------------
+
+    async def _cached_read(
+        self, session: SessionState, message: Message, client: ClientChannel, spec: MethodSpec
+    ) -> tuple[str, str]:
+        assert self.cache is not None
+        label = method_label(spec.name)
+        plan = None
+        if session.pinned is None:  # a connection with its own configuration is not shared
+            identity = session.identity.args if session.identity else None
+            plan = self.cache.plan_read(spec, message, identity)
+        if plan is None:
+            self.metrics.cache_lookups.labels(label, "bypass").inc()
+            return await self._forward(session, message, client, retries=1), "upstream"
+        if plan.partitions is not None:
+            return await self._partition_read(session, message, client, plan)
+        look = await self.cache.lookup(plan)
+        self.metrics.cache_lookups.labels(label, look.result.value).inc()
+        if look.result in (Result.HIT, Result.NEGATIVE_HIT):
+            await client.send(client.transport.frame(reply_for(look.reply, message.header.seqid)))
+            return result_outcome(
+                MessageType.REPLY, look.reply[_body_at(look.reply) :][:3]
+            ), "cache"
+        if look.result is Result.BYPASS:
+            return await self._forward(session, message, client, retries=1), "upstream"
+        fp = await self.cache.fill_fingerprint(plan, look)
+        if fp is None:
+            return await self._forward(session, message, client, retries=1), "upstream"
+        flight = self.cache.join(plan.key, fp)
+        if flight is not None:
+            shared = await flight
+            if shared is not None:
+                await client.send(client.transport.frame(reply_for(shared, message.header.seqid)))
+                return result_outcome(MessageType.REPLY, shared[_body_at(shared) :][:3]), "cache"
+            return await self._forward(session, message, client, retries=1), "upstream"
+        self.cache.lead(plan.key, fp)
+        kept: list[bytes] = []
+
+        async def store(reply: Message) -> None:
+            assert self.cache is not None
+            if await self.cache.fill(plan, fp, reply):
+                kept.append(reply.data)
+
+        try:
+            outcome = await self._forward(session, message, client, retries=1, on_reply=store)
+        finally:
+            self.cache.land(plan.key, fp, kept[0] if kept else None)
+        return outcome, "upstream"
+
+    async def _partition_read(
+        self, session: SessionState, message: Message, client: ClientChannel, plan: ReadPlan
+    ) -> tuple[str, str]:
+        """get_partitions_by_names: serve what is cached, fetch only what is not."""
+        assert self.cache is not None and plan.partitions is not None
+        pp, method, label = plan.partitions, plan.method, method_label(plan.method)
+        look = await self.cache.lookup_partitions(plan)
+        self.metrics.cache_lookups.labels(label, look.result.value).inc()
+        if look.result is Result.BYPASS:
+            return await self._forward(session, message, client, retries=1), "upstream"
+        seqid = message.header.seqid
+        if look.result is Result.HIT:
+            await self._send_assembled(client, method, seqid, pp.names, pp.values, look.known)
+            return "ok", "cache"
+        missing = [v for v in pp.values if v not in look.known]
+        versions = await self.cache.partition_versions(pp, look.versions)
+        whole = len(missing) == len(pp.values)
+        if whole:
+            request = upstream_request(message)
+        else:
+            names = [n for n, v in zip(pp.names, pp.values, strict=True) if v not in look.known]
+            args = parts.with_names(message.body, pp.names_path, names)
+            request = encode_header(method, MessageType.CALL, seqid) + args
+        reply = await self._call(session, message, client, hold=True, retries=1, request=request)
+        if isinstance(reply, str):  # the client already has its error
+            return reply, "upstream"
+        got = self._fetched_partitions(reply, missing, whole, pp.names, pp.values)
+        if got is None:
+            if whole:
+                await client.send(client.transport.frame(reply.data))
+                return result_outcome(reply.header.type, reply.body[:3]), "upstream"
+            # Unexpected shape for a subset: let the HMS answer the whole request instead.
+            return await self._forward(session, message, client, retries=1), "upstream"
+        if versions is not None:
+            await self.cache.fill_partitions(plan, versions, missing, got)
+        if whole:
+            await client.send(client.transport.frame(reply.data))
+        else:
+            known = {**look.known, **got}
+            await self._send_assembled(client, method, seqid, pp.names, pp.values, known)
+        return "ok", "upstream"
+
+    def _fetched_partitions(
+        self,
+        reply: Message,
+        missing: list[tuple[str, ...]],
+        whole: bool,
+        names: tuple[str, ...],
+        values: tuple[tuple[str, ...], ...],
+    ) -> dict[tuple[str, ...], bytes] | None:
+        """The partitions of a reply by their values, if the reply is what was expected."""
+        assert self.cache is not None
+        if reply.header.type != MessageType.REPLY:
+            return None
+        split = parts.split(reply.header.name, reply.body)
+        if split is None:
+            return None
+        wanted = set(missing)
+        got: dict[tuple[str, ...], bytes] = {}
+        for vals, data in split.partitions:
+            if vals not in wanted or vals in got:
+                return None  # not a partition we asked for, or twice: do not guess
+            got[vals] = data
+        if whole:
+            name_of = dict(zip(values, names, strict=True))
+            order = [name_of[v] for v, _ in split.partitions]
+            if order != sorted(order):
+                log.warning(
+                    "the metastore does not return get_partitions_by_names in partition-name "
+                    "order; partitions are no longer cached one by one"
+                )
+                self.cache.assemble_partitions = False
+                return None
+        return got
+
+    async def _send_assembled(
+        self,
+        client: ClientChannel,
+        method: str,
+        seqid: int,
+        names: tuple[str, ...],
+        values: tuple[tuple[str, ...], ...],
+        known: dict[tuple[str, ...], bytes | None],
+    ) -> None:
+        present = sorted((n, known[v]) for n, v in zip(names, values, strict=True) if known.get(v))
+        body = parts.assemble(method, [data for _, data in present if data is not None])
+        reply = encode_header(method, MessageType.REPLY, seqid) + body
+        await client.send(client.transport.frame(reply))
+
+    # -- writes ----------------------------------------------------------------------------
+
+    async def _write(
+        self,
+        session: SessionState,
+        message: Message,
+        client: ClientChannel,
+        spec: MethodSpec | None,
+    ) -> str:
+        """Forward a write, invalidate what it changes, then answer the writer."""
+        assert self.cache is not None
+        header = message.header
+        oneway = header.type == MessageType.ONEWAY or header.name in idl.oneway_methods()
+        if spec is None and header.name.startswith(_READ_PREFIXES):
+            return await self._forward(session, message, client, oneway=oneway)
+        plan = FLUSH if spec is None else self.cache.plan_write(spec, message)
+        if plan.empty:
+            return await self._forward(session, message, client, oneway=oneway)
+        if spec is not None:
+            plan = await self.cache.expand(plan, lambda db: self._list_tables(session, db))
+        if spec is None:
+            log.warning("unknown method %s may change metadata: the cache is flushed", header.name)
+        try:
+            reply = await self._call(session, message, client, hold=True, oneway=oneway)
+        finally:
+            # Success or not, the HMS may have changed: invalidate before anyone is answered.
+            await self.cache.invalidate(plan, "write")
+        if isinstance(reply, str):
+            return reply
+        await client.send(client.transport.frame(reply.data))
+        return result_outcome(reply.header.type, reply.body[:3])
+
+    async def _list_tables(self, session: SessionState, db: str) -> list[str]:
+        """Ask the HMS which tables a database has (before a write drops them)."""
+        request = idl.encode_call("get_all_tables", 0, db_name=db)
+        conn = await self.pool.acquire(session.identity)
+        try:
+            reply = await exchange(conn, request, "get_all_tables", 0, self.options)
+        except BaseException:
+            self.pool.discard(conn)
+            raise
+        self.pool.release(conn, reusable=True)
+        result = idl.decode_result("get_all_tables", reply.body)
+        return list(result.success or [])
+
+    # -- forwarding --------------------------------------------------------------------------
 
     async def _forward(
         self,
         session: SessionState,
         message: Message,
         client: ClientChannel,
-        oneway: bool,
-        retries: int,
+        *,
+        oneway: bool = False,
+        retries: int = 0,
+        on_reply: OnReply | None = None,
     ) -> str:
+        """Send the call upstream and relay the reply to ``client``; returns the outcome."""
+        result = await self._call(
+            session, message, client, oneway=oneway, retries=retries, on_reply=on_reply
+        )
+        assert isinstance(result, str)
+        return result
+
+    async def _call(
+        self,
+        session: SessionState,
+        message: Message,
+        client: ClientChannel,
+        *,
+        hold: bool = False,
+        oneway: bool = False,
+        retries: int = 0,
+        request: bytes | None = None,
+        on_reply: OnReply | None = None,
+    ) -> str | Message:
+        """Send the call upstream (retrying a stale pooled connection up to ``retries``).
+
+        The reply is relayed to ``client`` and the outcome label returned; with ``hold`` it is
+        returned whole instead, for the caller to send. Failures are answered to the client
+        either way, and their outcome label returned.
+        """
         header = message.header
-        request = upstream_request(message)
+        request = request if request is not None else upstream_request(message)
+        relay_to = None if hold else client
         attempt = 0
         while True:
             try:
@@ -149,7 +392,7 @@ class CallHandler:
             except UpstreamError as exc:
                 return await self._upstream_failed(client, message, exc)
             try:
-                outcome = await self._exchange(conn, request, message, client, oneway)
+                result = await self._exchange(conn, request, message, relay_to, oneway, on_reply)
             except UpstreamError as exc:
                 self.pool.discard(conn)
                 if session.pinned is conn:
@@ -169,17 +412,18 @@ class CallHandler:
                     raise ClientGone(f"metastore ended the call: {exc}") from exc
                 return await self._upstream_failed(client, message, exc)
             self.pool.release(conn, reusable=True)
-            return outcome
+            return result
 
     async def _exchange(
         self,
         conn: UpstreamConnection,
         request: bytes,
         message: Message,
-        client: ClientChannel,
+        client: ClientChannel | None,
         oneway: bool,
-    ) -> str:
-        """Send ``request`` on ``conn`` and relay the reply to ``client``."""
+        on_reply: OnReply | None,
+    ) -> str | Message:
+        """Send ``request`` on ``conn`` and relay (or return) the reply."""
         header = message.header
         label = method_label(header.name)
         started = time.perf_counter()
@@ -188,20 +432,34 @@ class CallHandler:
             if oneway:
                 self.metrics.upstream_requests.labels(label, "ok").inc()
                 return "ok"
-            outcome = await self._relay(conn, header.name, header.seqid, client)
+            result = await self._relay(conn, header.name, header.seqid, client, on_reply)
         except UpstreamError as exc:
             self.metrics.upstream_requests.labels(label, exc.outcome).inc()
             raise
         self.metrics.upstream_requests.labels(label, "ok").inc()
         self.metrics.upstream_duration.labels(label).observe(time.perf_counter() - started)
-        return outcome
+        return result
 
     async def _relay(
-        self, conn: UpstreamConnection, name: str, seqid: int, client: ClientChannel
-    ) -> str:
-        """Copy one reply from ``conn`` to ``client``: streamed, or whole for framed clients."""
+        self,
+        conn: UpstreamConnection,
+        name: str,
+        seqid: int,
+        client: ClientChannel | None,
+        on_reply: OnReply | None,
+    ) -> str | Message:
+        """Copy one reply from ``conn``: streamed to a buffered client, or held whole.
+
+        ``on_reply`` gets the whole reply (kept while streaming, up to the cache's entry
+        limit); it runs before the last piece is sent when the reply is small.
+        """
         reader = conn.replies
-        stream = client.transport is Transport.BUFFERED
+        stream = client is not None and client.transport is Transport.BUFFERED
+        keep = client is None or not stream or on_reply is not None
+        reader.keep = keep
+        keep_limit = (
+            self.cache.max_entry_bytes if (self.cache and stream) else self.options.max_reply_bytes
+        )
         held: list[bytes] = []
         prefix = bytearray()  # header and the first bytes of the result: enough for the outcome
         header_length = 0
@@ -219,16 +477,30 @@ class CallHandler:
                     header_length = h.length
                 if len(prefix) < header_length + 3:
                     prefix += piece.data[: header_length + 3 - len(prefix)]
+                if piece.last:
+                    whole = piece.message
+                    if client is None:
+                        assert whole is not None
+                        return whole
+                    small = whole is not None and len(whole.data) <= STORE_BEFORE_REPLY_BYTES
+                    if whole is not None and on_reply is not None and small:
+                        await on_reply(whole)
+                    if stream:
+                        await client.send(piece.data)
+                    else:
+                        await client.send(client.transport.frame(b"".join([*held, piece.data])))
+                    if whole is not None and on_reply is not None and not small:
+                        await on_reply(whole)
+                    return result_outcome(piece.header.type, bytes(prefix[header_length:]))
                 if stream:
+                    assert client is not None
                     if piece.data:
                         await client.send(piece.data)
                         sent = True
+                    if keep and reader.buffered > keep_limit:
+                        reader.keep = keep = False  # too big to cache: stream it only
                 else:
                     held.append(piece.data)
-                if piece.last:
-                    if not stream:
-                        await client.send(client.transport.frame(b"".join(held)))
-                    return result_outcome(piece.header.type, bytes(prefix[header_length:]))
             try:
                 chunk = await receive(conn, self.options, got_bytes=got_bytes)
             except UpstreamError as exc:
@@ -309,12 +581,17 @@ class CallHandler:
                 session.pinned = await self.pool.pin(session.identity)
             except UpstreamError as exc:
                 return await self._upstream_failed(client, message, exc)
-        return await self._forward(session, message, client, oneway=False, retries=0)
+        return await self._forward(session, message, client)
 
     def end_session(self, session: SessionState) -> None:
         if session.pinned is not None:
             self.pool.discard(session.pinned)
             session.pinned = None
+
+
+def _body_at(reply: bytes) -> int:
+    name_length = int.from_bytes(reply[4:8], "big")
+    return 12 + name_length
 
 
 def _mark(exc: UpstreamError, started_reply: bool) -> UpstreamError:

@@ -9,6 +9,7 @@ import pytest
 
 from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
+from tests.rig.redis_server import RedisCluster, RedisServer
 from tests.rig.sample import Sample, create
 
 
@@ -49,3 +50,23 @@ def proxy_factory(tmp_path: Path, hms: MetastoreServer) -> Iterator[ProxyFactory
 @pytest.fixture
 def proxy(proxy_factory: ProxyFactory) -> ProxyProcess:
     return proxy_factory()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster"))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -78,7 +78,8 @@ def test_a_silent_metastore_times_out(
 def test_a_read_on_a_stale_pooled_connection_is_retried(
     proxy_factory: ProxyFactory, relay: FaultyRelay, sample: Sample
 ) -> None:
-    proxy = proxy_factory(upstream=f"thrift://127.0.0.1:{relay.port}")
+    # Without the cache, so that the second read has to use the pooled connection.
+    proxy = proxy_factory("--cache", "off", upstream=f"thrift://127.0.0.1:{relay.port}")
     direct = _get_db(proxy.port, sample.db)
     assert relay.drop_idle_connections_silently() == 1
     assert _get_db(proxy.port, sample.db) == direct

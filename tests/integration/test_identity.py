@@ -12,9 +12,11 @@ from __future__ import annotations
 import getpass
 import threading
 
+import pytest
 from hmsclient import hmsclient
 
 from proxy import idl
+from tests.conftest import ProxyFactory
 from tests.rig import raw
 from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
@@ -49,9 +51,16 @@ def _one_call(port: int, sample: Sample, user: str | None) -> None:
         assert idl.decode_result("get_table", reply[12 + len("get_table") :]).success is not None
 
 
+@pytest.fixture
+def plain(proxy_factory: ProxyFactory) -> ProxyProcess:
+    """Forwarding only: every read must reach the HMS for the listener to see it."""
+    return proxy_factory("--cache", "off")
+
+
 def test_each_call_runs_as_its_clients_identity(
-    hms: MetastoreServer, proxy: ProxyProcess, sample: Sample
+    hms: MetastoreServer, plain: ProxyProcess, sample: Sample
 ) -> None:
+    proxy = plain
     _ensure_tables(hms, sample)
     before = len(hms.callers())
     errors: list[BaseException] = []
@@ -101,8 +110,9 @@ def test_set_ugi_reply_is_the_hms_reply(hms: MetastoreServer, proxy: ProxyProces
 
 
 def test_a_client_without_set_ugi_never_gets_a_bound_connection(
-    hms: MetastoreServer, proxy: ProxyProcess, sample: Sample
+    hms: MetastoreServer, plain: ProxyProcess, sample: Sample
 ) -> None:
+    proxy = plain
     _ensure_tables(hms, sample)
     before = len(hms.callers())
     _one_call(proxy.port, sample, "alice")  # leaves an idle connection bound to alice

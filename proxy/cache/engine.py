@@ -1,0 +1,490 @@
+"""The cache's decisions at run time: hit or miss, what to fill, what a write invalidates.
+
+Rules the engine keeps, whatever the store:
+
+1. **A hit is an entry whose fingerprint equals the fingerprint of the current versions**
+   of every scope its plan depends on. Versions are read from the store on every look-up,
+   so a write through any proxy sharing the store is seen by the next read everywhere.
+2. **A fill uses the versions read before its upstream call started.** If a write's bump
+   lands while the call is in flight, the entry is born dead. No stale fill, no locks.
+3. **A write invalidates after the HMS answered and before the writer gets the answer.**
+   If the store cannot take the invalidation, this proxy keeps it pending and serves no hit
+   until it has been applied (the writer never reads its own write stale through it).
+4. **Concurrent misses of one key and one fingerprint share one upstream call.** A request
+   that arrives after a write saw different versions and starts a call of its own.
+
+With Redis there is also an in-process front (L1) of decoded replies, bounded in bytes: an
+L1 entry is served on the same fingerprint rule (versions still come from Redis), and only
+until the time its Redis entry had left to live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from proxy import idl
+from proxy.cache import entry as codec
+from proxy.cache.keys import EPOCH, TableRef, partition_field
+from proxy.cache.plan import Bump, PartitionPlan, Planner, ReadPlan, VersionRef, WritePlan
+from proxy.cache.store import CacheUnavailable, Store
+from proxy.catalog import MethodSpec
+from proxy.metrics import Metrics
+from proxy.wire.binary import MessageType, with_seqid
+from proxy.wire.errors import ProtocolError
+from proxy.wire.framing import Message
+
+log = logging.getLogger(__name__)
+
+
+class Result(Enum):
+    HIT = "hit"
+    NEGATIVE_HIT = "negative_hit"
+    MISS = "miss"
+    BYPASS = "bypass"
+
+
+@dataclass(slots=True)
+class Lookup:
+    result: Result
+    reply: bytes = b""  # the cached reply message, on a hit
+    values: list[bytes | None] = field(default_factory=list)  # versions read, plan order
+
+
+@dataclass(slots=True)
+class PartitionLookup:
+    result: Result
+    known: dict[tuple[str, ...], bytes | None] = field(default_factory=dict)  # None: absent
+    versions: dict[str, bytes | None] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _L1Entry:
+    fingerprint: bytes
+    entry: codec.Entry
+    expires_at: float
+    size: int
+
+
+class _L1:
+    """Decoded replies of this process, LRU, bounded in bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, _L1Entry] = OrderedDict()
+        self.bytes = 0
+
+    def get(self, key: str) -> _L1Entry | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        if item.expires_at <= time.monotonic():
+            self.pop(key)
+            return None
+        self._items.move_to_end(key)
+        return item
+
+    def put(self, key: str, fp: bytes, entry: codec.Entry, ttl: float) -> None:
+        size = len(entry.payload) + 200
+        if size > self.max_bytes // 4 or ttl <= 0:
+            return
+        self.pop(key)
+        self._items[key] = _L1Entry(fp, entry, time.monotonic() + ttl, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, old = self._items.popitem(last=False)
+            self.bytes -= old.size
+
+    def pop(self, key: str) -> None:
+        old = self._items.pop(key, None)
+        if old is not None:
+            self.bytes -= old.size
+
+    def clear(self) -> None:
+        self._items.clear()
+        self.bytes = 0
+
+
+def _group(refs: Sequence[VersionRef]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for ref in refs:
+        fields = out.setdefault(ref.key, [])
+        if ref.field not in fields:
+            fields.append(ref.field)
+    return out
+
+
+def _exception_name(method: str, body: bytes) -> str | None:
+    """The declared exception a result carries (``NoSuchObjectException``), if any."""
+    if len(body) < 3 or body[0] == 0 or body[1:3] == b"\x00\x00":
+        return None
+    fid = int.from_bytes(body[1:3], "big", signed=True)
+    spec = idl.result_class(method).thrift_spec.get(fid)
+    return spec[2].__name__ if spec and len(spec) == 4 and hasattr(spec[2], "__name__") else "?"
+
+
+class CacheEngine:
+    def __init__(
+        self,
+        store: Store,
+        planner: Planner,
+        metrics: Metrics,
+        *,
+        l1_bytes: int,
+        max_entry_bytes: int,
+    ) -> None:
+        self.store = store
+        self.planner = planner
+        self.naming = planner.naming
+        self.metrics = metrics
+        self.max_entry_bytes = max_entry_bytes
+        self._l1 = _L1(l1_bytes) if store.compress else None
+        self._plans: OrderedDict[tuple[str, bytes, bytes | None], ReadPlan | None] = OrderedDict()
+        self._flights: dict[tuple[str, bytes], asyncio.Future[bytes | None]] = {}
+        self._pending: list[WritePlan] = []
+        self._dicts: OrderedDict[bytes, bytes] = OrderedDict()  # id -> dictionary
+        self._table_dicts: OrderedDict[str, tuple[bytes, bytes]] = (
+            OrderedDict()
+        )  # tag -> (id, dict)
+        # The HMS returns get_partitions_by_names ordered by partition name; if it is ever
+        # seen doing otherwise, replies are no longer assembled from single partitions.
+        self.assemble_partitions = True
+
+    # -- plans -----------------------------------------------------------------------------
+
+    def plan_read(
+        self, spec: MethodSpec, message: Message, identity: bytes | None
+    ) -> ReadPlan | None:
+        """The plan for a read (memoised: engines repeat the same calls byte for byte)."""
+        memo = (spec.name, message.body, identity if self.planner.per_user else None)
+        if memo in self._plans:
+            self._plans.move_to_end(memo)
+            return self._plans[memo]
+        try:
+            args = idl.decode_args(spec.name, message.body)
+            plan = self.planner.read(spec, args, message.body, identity)
+        except ProtocolError:
+            plan = None
+        self._plans[memo] = plan
+        if len(self._plans) > 20_000:
+            self._plans.popitem(last=False)
+        return plan
+
+    def plan_write(self, spec: MethodSpec, message: Message) -> WritePlan:
+        try:
+            args = idl.decode_args(spec.name, message.body)
+        except ProtocolError:
+            args = None
+        return self.planner.write(spec, args)
+
+    # -- whole-reply reads -----------------------------------------------------------------
+
+    async def lookup(self, plan: ReadPlan) -> Lookup:
+        if self._pending and not await self._apply_pending():
+            return Lookup(Result.BYPASS)
+        front = self._l1.get(plan.key) if self._l1 is not None else None
+        groups = _group(plan.refs)
+        try:
+            versions, found = await self.store.lookup(groups, [] if front else [plan.key])
+        except CacheUnavailable:
+            return Lookup(Result.BYPASS)
+        values = [versions[r.key][r.field] for r in plan.refs]
+        if any(versions[k].get(EPOCH) is None for k in groups):
+            return Lookup(Result.MISS, values=values)
+        fp = codec.fingerprint(values)
+        if front is not None:
+            if front.fingerprint == fp:
+                return self._hit(front.entry)
+            return Lookup(Result.MISS, values=values)
+        stored = found.get(plan.key)
+        if stored is None:
+            return Lookup(Result.MISS, values=values)
+        value, ttl = stored
+        try:
+            entry = codec.decode(value, await self._dictionary_for(value, plan.tag))
+        except codec.EntryError:
+            return Lookup(Result.MISS, values=values)
+        if entry.fingerprint != fp:
+            return Lookup(Result.MISS, values=values)
+        if self._l1 is not None:
+            self._l1.put(plan.key, fp, entry, ttl)
+        return self._hit(entry)
+
+    @staticmethod
+    def _hit(entry: codec.Entry) -> Lookup:
+        return Lookup(Result.NEGATIVE_HIT if entry.negative else Result.HIT, entry.payload)
+
+    async def fill_fingerprint(self, plan: ReadPlan, miss: Lookup) -> bytes | None:
+        """The fingerprint a fill for ``miss`` must carry; makes missing epochs first."""
+        values = list(miss.values)
+        missing = [i for i, r in enumerate(plan.refs) if r.field == EPOCH and values[i] is None]
+        if missing:
+            try:
+                epochs = await self.store.ensure_epochs(sorted({plan.refs[i].key for i in missing}))
+            except CacheUnavailable:
+                return None
+            for i in missing:
+                values[i] = epochs.get(plan.refs[i].key)
+            if any(values[i] is None for i in missing):
+                return None
+        return codec.fingerprint(values)
+
+    def cacheable(self, plan: ReadPlan, reply: Message) -> tuple[int, float] | None:
+        """(flags, ttl) to store ``reply`` with, or ``None`` if it must not be stored."""
+        if reply.header.type != MessageType.REPLY or len(reply.data) > self.max_entry_bytes:
+            return None
+        failure = _exception_name(plan.method, reply.body)
+        if failure is None:
+            return 0, plan.ttl
+        if failure == "NoSuchObjectException" and plan.negative_ttl:
+            return codec.NEGATIVE, plan.negative_ttl
+        return None
+
+    async def fill(self, plan: ReadPlan, fp: bytes, reply: Message) -> bool:
+        how = self.cacheable(plan, reply)
+        if how is None:
+            return False
+        flags, ttl = how
+        stored = codec.encode(fp, flags, reply.data, compress=self.store.compress)
+        try:
+            await self.store.save([(plan.key, stored, ttl)], sorted({r.key for r in plan.refs}))
+        except CacheUnavailable:
+            return False
+        if self._l1 is not None:
+            self._l1.put(plan.key, fp, codec.Entry(fp, flags, reply.data), ttl)
+        return True
+
+    # -- single flight ---------------------------------------------------------------------
+
+    def join(self, key: str, fp: bytes) -> asyncio.Future[bytes | None] | None:
+        """The flight already fetching ``key`` under ``fp``, to wait for; or ``None``."""
+        return self._flights.get((key, fp))
+
+    def lead(self, key: str, fp: bytes) -> asyncio.Future[bytes | None]:
+        future: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        self._flights[(key, fp)] = future
+        return future
+
+    def land(self, key: str, fp: bytes, reply: bytes | None) -> None:
+        future = self._flights.pop((key, fp), None)
+        if future is not None and not future.done():
+            future.set_result(reply)
+
+    # -- get_partitions_by_names -----------------------------------------------------------
+
+    async def lookup_partitions(self, plan: ReadPlan) -> PartitionLookup:
+        pp = plan.partitions
+        assert pp is not None
+        if not self.assemble_partitions:
+            return PartitionLookup(Result.BYPASS)
+        if self._pending and not await self._apply_pending():
+            return PartitionLookup(Result.BYPASS)
+        key = self.naming.versions(pp.tag)
+        fields = [EPOCH, "pgen", "partset", *(partition_field(v) for v in pp.values)]
+        entry_keys = [self.naming.partition_entry(pp.tag, pp.variant, v) for v in pp.values]
+        try:
+            versions, found = await self.store.lookup({key: fields}, entry_keys)
+        except CacheUnavailable:
+            return PartitionLookup(Result.BYPASS)
+        current = versions[key]
+        out = PartitionLookup(Result.MISS, versions=current)
+        if current.get(EPOCH) is None:
+            return out
+        needed = {codec.dictionary_id(f[0]) for f in found.values() if f is not None} - {None}
+        await self._load_dictionaries(
+            pp.tag, [d for d in needed if d is not None and d not in self._dicts]
+        )
+        for values, ekey in zip(pp.values, entry_keys, strict=True):
+            stored = found.get(ekey)
+            if stored is None:
+                continue
+            try:
+                entry = codec.decode(
+                    stored[0], self._dicts.get(codec.dictionary_id(stored[0]) or b"")
+                )
+            except codec.EntryError:
+                continue
+            pf = current.get(partition_field(values))
+            if entry.absent:
+                if entry.fingerprint == codec.fingerprint(
+                    [current[EPOCH], current.get("partset"), pf]
+                ):
+                    out.known[values] = None
+            elif entry.fingerprint == codec.fingerprint([current[EPOCH], current.get("pgen"), pf]):
+                out.known[values] = entry.payload
+        if len(out.known) == len(pp.values):
+            out.result = Result.HIT
+        return out
+
+    async def partition_versions(
+        self, pp: PartitionPlan, seen: dict[str, bytes | None]
+    ) -> dict[str, bytes | None] | None:
+        """Versions to fill partitions under: those read before the upstream call, with an
+        epoch made if the table had none."""
+        if seen.get(EPOCH) is not None:
+            return seen
+        key = self.naming.versions(pp.tag)
+        try:
+            epochs = await self.store.ensure_epochs([key])
+        except CacheUnavailable:
+            return None
+        return {**seen, EPOCH: epochs.get(key)}
+
+    async def fill_partitions(
+        self,
+        plan: ReadPlan,
+        versions: dict[str, bytes | None],
+        asked: Sequence[tuple[str, ...]],
+        got: dict[tuple[str, ...], bytes],
+    ) -> None:
+        """Store what the HMS returned for ``asked``, and remember the rest as absent."""
+        pp = plan.partitions
+        assert pp is not None
+        dictionary = self._table_dictionary(pp.tag, next(iter(got.values()), None))
+        items = []
+        for values in asked:
+            pf = versions.get(partition_field(values))
+            ekey = self.naming.partition_entry(pp.tag, pp.variant, values)
+            if values in got:
+                fp = codec.fingerprint([versions[EPOCH], versions.get("pgen"), pf])
+                value = codec.encode(
+                    fp, 0, got[values], compress=self.store.compress, dictionary=dictionary
+                )
+            else:
+                fp = codec.fingerprint([versions[EPOCH], versions.get("partset"), pf])
+                value = codec.encode(fp, codec.ABSENT, b"", compress=False)
+            items.append((ekey, value, plan.ttl))
+        touch = [self.naming.versions(pp.tag)]
+        if dictionary is not None and self.store.compress:
+            dkey = self.naming.dictionary(pp.tag, dictionary[0].hex())
+            items.append((dkey, dictionary[1], self.planner.ttls.longest * 2 + 60))
+        try:
+            await self.store.save(items, touch)
+        except CacheUnavailable:
+            return
+
+    def _table_dictionary(self, tag: str, sample: bytes | None) -> tuple[bytes, bytes] | None:
+        if not self.store.compress:
+            return None
+        known = self._table_dicts.get(tag)
+        if known is None and sample is not None:
+            known = codec.new_dictionary(sample)
+            self._table_dicts[tag] = known
+            self._remember_dict(*known)
+            if len(self._table_dicts) > 10_000:
+                self._table_dicts.popitem(last=False)
+        return known
+
+    def _remember_dict(self, dict_id: bytes, data: bytes) -> None:
+        self._dicts[dict_id] = data
+        if len(self._dicts) > 10_000:
+            self._dicts.popitem(last=False)
+
+    async def _load_dictionaries(self, tag: str, ids: Sequence[bytes]) -> None:
+        for dict_id in ids:
+            try:
+                data = await self.store.get(self.naming.dictionary(tag, dict_id.hex()))
+            except CacheUnavailable:
+                return
+            if data is not None:
+                self._remember_dict(dict_id, data)
+
+    async def _dictionary_for(self, value: bytes, tag: str) -> bytes | None:
+        dict_id = codec.dictionary_id(value)
+        if dict_id is None:
+            return None
+        if dict_id not in self._dicts:
+            await self._load_dictionaries(tag, [dict_id])
+        return self._dicts.get(dict_id)
+
+    # -- writes ----------------------------------------------------------------------------
+
+    async def expand(
+        self, plan: WritePlan, list_tables: Callable[[str], Awaitable[list[str]]]
+    ) -> WritePlan:
+        """Add every table of the databases a write drops (asked from the HMS, before the
+        write: afterwards there is nothing left to ask)."""
+        if not plan.databases_dropped:
+            return plan
+        bumps = list(plan.bumps)
+        for database in plan.databases_dropped:
+            name = (
+                database.db if database.catalog == "hive" else f"@{database.catalog}#{database.db}"
+            )
+            try:
+                tables = await list_tables(name)
+            except Exception:
+                log.warning(
+                    "cache: cannot list tables of %s before dropping it; flushing", database.db
+                )
+                return WritePlan(flush_all=True)
+            for table in tables:
+                tag = TableRef(database.catalog, database.db, table.lower()).tag
+                bumps.append(Bump(self.naming.versions(tag), EPOCH, "table"))
+        return WritePlan(tuple(bumps), plan.databases_dropped, plan.flush_all, plan.tables)
+
+    async def invalidate(self, plan: WritePlan, reason: str) -> bool:
+        """Apply ``plan`` now, or keep it pending (and bypass the cache) until possible."""
+        if plan.empty:
+            return True
+        self._forget_locally(plan)
+        if self._pending:
+            self._pending.append(plan)
+            return await self._apply_pending()
+        try:
+            await self._apply(plan)
+        except CacheUnavailable:
+            log.warning("cache: could not apply an invalidation; no cache hits until it is")
+            self._pending.append(plan)
+            return False
+        self._count(plan, reason)
+        return True
+
+    def _forget_locally(self, plan: WritePlan) -> None:
+        if plan.flush_all and self._l1 is not None:
+            self._l1.clear()
+        for table in plan.tables:
+            self._table_dicts.pop(table.tag, None)
+
+    async def _apply(self, plan: WritePlan) -> None:
+        if plan.flush_all:
+            await self.store.flush(self.naming.pattern)
+            return
+        await self.store.bump(plan.bumps)
+
+    async def _apply_pending(self) -> bool:
+        while self._pending:
+            try:
+                await self._apply(self._pending[0])
+            except CacheUnavailable:
+                return False
+            self._count(self._pending.pop(0), "write")
+        log.info("cache: pending invalidations applied; serving hits again")
+        return True
+
+    def _count(self, plan: WritePlan, reason: str) -> None:
+        if plan.flush_all:
+            for scope in ("catalog", "database", "table", "partitions"):
+                self.metrics.invalidations.labels(scope, reason).inc()
+        for b in plan.bumps:
+            self.metrics.invalidations.labels(b.scope, reason).inc()
+
+    async def flush(self) -> int:
+        if self._l1 is not None:
+            self._l1.clear()
+        self._table_dicts.clear()
+        return await self.store.flush(self.naming.pattern)
+
+
+def reply_for(cached: bytes, seqid: int) -> bytes:
+    """A cached reply message, addressed to this caller (only the seqid differs)."""
+    from proxy.wire.binary import parse_header
+
+    header = parse_header(cached, 0, len(cached))
+    assert header is not None
+    return with_seqid(cached, header, seqid)

@@ -1,0 +1,170 @@
+"""Names in the cache: scopes, their version fields, entry keys, partition names (pure).
+
+**Versions.** Every cached entry records the versions of the scopes it depends on, read
+before its upstream call started; it is served only while those versions are unchanged.
+Versions are fields of a few hashes:
+
+* the catalog hash ``{g}``: ``catalog`` (database lists), ``tables`` (reads spanning
+  databases), ``functions``, ``privileges``;
+* one hash per database ``{d:..}``: ``db`` (the database object and its table lists);
+* one hash per table ``{t:..}``: ``table``, ``partset`` (which partitions exist), ``parts``
+  (partition contents as a whole), ``pgen`` (all partitions at once), ``stats`` (table
+  statistics), and ``p:<partition>`` per partition.
+
+Each hash also holds ``epoch``, a random token created with the hash. Dropping, creating or
+renaming a table replaces its epoch, which kills every entry of that table at once; and if
+Redis ever evicts a hash, the new one gets a new epoch, so entries filled under the old one
+can never match again (a counter restarting at 0 could).
+
+**Slots.** The hash tag in braces makes every key of one table, of one database, or of the
+catalog land in one Redis Cluster slot, so the common hit (one table) is one round trip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+EPOCH = "epoch"
+DEFAULT_CATALOG = "hive"
+
+
+def _digest(*parts: str | bytes, size: int = 8) -> str:
+    h = hashlib.blake2b(digest_size=size)
+    for part in parts:
+        h.update(part.encode("utf-8") if isinstance(part, str) else part)
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def split_catalog(db: str) -> tuple[str, str]:
+    """Hive 3 clients (and Presto with a catalog) send ``@cat#db``; others the bare name.
+
+    Names are compared case-insensitively, as the HMS stores them in lower case.
+    """
+    if db.startswith("@") and "#" in db:
+        catalog, _, name = db[1:].partition("#")
+        name = "" if name == "!" else name
+        return catalog.lower() or DEFAULT_CATALOG, name.lower()
+    return DEFAULT_CATALOG, db.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class TableRef:
+    catalog: str
+    db: str
+    table: str
+
+    @classmethod
+    def of(cls, db: str, table: str) -> TableRef:
+        catalog, name = split_catalog(db)
+        return cls(catalog, name, table.lower())
+
+    @property
+    def tag(self) -> str:
+        return "t:" + _digest(self.catalog, self.db, self.table)
+
+    @property
+    def database(self) -> DatabaseRef:
+        return DatabaseRef(self.catalog, self.db)
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseRef:
+    catalog: str
+    db: str
+
+    @classmethod
+    def of(cls, db: str) -> DatabaseRef:
+        return cls(*split_catalog(db))
+
+    @property
+    def tag(self) -> str:
+        return "d:" + _digest(self.catalog, self.db)
+
+
+CATALOG_TAG = "g"
+
+
+def partition_field(values: Sequence[str]) -> str:
+    """The version field of one partition, from its values (not its name: writes name
+    partitions by values, and values need no table schema to compare)."""
+    return "p:" + _digest(json.dumps(list(values), ensure_ascii=False), size=12)
+
+
+class PartitionNameError(ValueError):
+    """Not a partition name the proxy can map to values with certainty."""
+
+
+def _unescape(text: str) -> str:
+    if "%" not in text:
+        return text
+    out = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "%" and _is_hex(text[i + 1 : i + 3]):
+            out.append(chr(int(text[i + 1 : i + 3], 16)))
+            i += 3
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _is_hex(pair: str) -> bool:
+    return len(pair) == 2 and all(ch in "0123456789abcdefABCDEF" for ch in pair)
+
+
+def parse_partition_name(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``ds=2024-01-01/region=eu`` -> (keys, values), undoing Hive's path escaping.
+
+    Hive writes partition column names in lower case and escapes ``/``, ``=``, ``%`` and
+    other special characters in values as ``%XX``, so the split is unambiguous. Anything
+    else (empty parts, upper-case keys) raises PartitionNameError: the caller then treats
+    the request as one opaque entry instead of guessing.
+    """
+    keys, values = [], []
+    for part in name.split("/"):
+        key, sep, value = part.partition("=")
+        if not sep or not key or key != key.lower():
+            raise PartitionNameError(name)
+        keys.append(_unescape(key))
+        values.append(_unescape(value))
+    return tuple(keys), tuple(values)
+
+
+@dataclass(frozen=True, slots=True)
+class Naming:
+    """Key names under one prefix (several proxies' deployments can share one Redis)."""
+
+    prefix: str = "hmsc:1:"
+
+    def versions(self, tag: str) -> str:
+        return f"{self.prefix}{{{tag}}}:v"
+
+    def entry(self, tag: str, method: str, *parts: str | bytes) -> str:
+        return f"{self.prefix}{{{tag}}}:e:{method}:{_digest(*parts, size=16)}"
+
+    def partition_entry(self, tag: str, variant: str, values: Sequence[str]) -> str:
+        return f"{self.prefix}{{{tag}}}:p:{variant}:{partition_field(values)[2:]}"
+
+    def dictionary(self, tag: str, dict_id: str) -> str:
+        return f"{self.prefix}{{{tag}}}:z:{dict_id}"
+
+    def tables_of(self, database: DatabaseRef) -> str:
+        """A set of the table tags of ``database`` that have entries (for dropping it)."""
+        return f"{self.prefix}{{{database.tag}}}:tables"
+
+    def fence(self) -> str:
+        return f"{self.prefix}{{{CATALOG_TAG}}}:fence"
+
+    @property
+    def pattern(self) -> str:
+        return f"{self.prefix}*"
+
+
+def digest(*parts: str | bytes) -> str:
+    return _digest(*parts, size=16)

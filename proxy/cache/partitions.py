@@ -1,0 +1,147 @@
+"""get_partitions_by_names, one partition at a time, at the byte level (pure).
+
+The HMS answers ``get_partitions_by_names`` with the partitions that exist, each once, in
+ascending order of partition name (its SQL says ``order by PART_NAME``). So a reply can be
+cut into the original bytes of each partition, each stored on its own, and any later
+request rebuilt from them: list header, the partitions' bytes in name order, end of struct.
+That rebuilt reply is byte for byte what the HMS would send, provided the order assumption
+holds; the engine checks it against every complete reply the HMS sends and stops
+assembling if the HMS ever orders differently (say, a case-insensitive database collation).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from proxy import idl
+from proxy.wire.binary import StructScanner, TType
+from proxy.wire.errors import ProtocolError
+from proxy.wire.fields import encode_string_list_field, field_spans, find
+
+_I32 = struct.Struct(">i")
+_LIST_OF_STRUCTS = bytes((TType.LIST,))
+
+# Where the partition list sits in each method's result: a path of field ids.
+RESULT_LIST_PATH = {
+    "get_partitions_by_names": (0,),
+    "get_partitions_by_names_req": (0, 1),
+}
+
+
+def field_path(method: str, path: str) -> tuple[int, ...]:
+    """Attribute path in the arguments (``req.names``) -> field ids (``(1, 3)``)."""
+    cls = idl.args_class(method)
+    out = []
+    for step in path.split("."):
+        for fid, spec in cls.thrift_spec.items():
+            if spec[1] == step:
+                out.append(fid)
+                cls = spec[2] if spec[0] == TType.STRUCT else None
+                break
+        else:
+            raise KeyError(f"{method}: no field {step}")
+    return tuple(out)
+
+
+def _locate(buf: bytes, start: int, path: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(start, value, end) of the field at ``path`` inside the struct at ``start``."""
+    spans, _ = field_spans(buf, start)
+    span = find(spans, path[0])
+    if span is None:
+        return None
+    if len(path) == 1:
+        return span.start, span.value, span.end
+    if span.ttype != TType.STRUCT:
+        return None
+    return _locate(buf, span.value, path[1:])
+
+
+def without_field(args: bytes, path: tuple[int, ...]) -> bytes | None:
+    """The argument bytes with one field cut out (what else shapes the reply)."""
+    try:
+        found = _locate(args, 0, path)
+    except (ProtocolError, struct.error, IndexError):
+        return None
+    if found is None:
+        return None
+    start, _, end = found
+    return args[:start] + args[end:]
+
+
+def with_names(args: bytes, path: tuple[int, ...], names: list[str]) -> bytes:
+    """The argument bytes with the names list replaced: the request for the missing ones.
+    Every other byte, fields this proxy does not know included, stays as the client sent it."""
+    found = _locate(args, 0, path)
+    assert found is not None
+    start, _, end = found
+    return args[:start] + encode_string_list_field(path[-1], names) + args[end:]
+
+
+@dataclass(frozen=True, slots=True)
+class SplitReply:
+    partitions: list[tuple[tuple[str, ...], bytes]]  # (values, original bytes), HMS order
+
+
+def split(method: str, body: bytes) -> SplitReply | None:
+    """Cut a successful reply into its partitions; ``None`` for any other shape."""
+    path = RESULT_LIST_PATH[method]
+    try:
+        spans, end = field_spans(body, 0)
+        if end != len(body) or len(spans) != 1 or spans[0].fid != path[0]:
+            return None  # a declared exception, or fields this proxy does not expect
+        start = spans[0].value
+        if len(path) == 2:
+            if spans[0].ttype != TType.STRUCT:
+                return None
+            inner, _ = field_spans(body, start)
+            if len(inner) != 1 or inner[0].fid != path[1]:
+                return None  # e.g. Hive 4's shared dictionary: partitions are not standalone
+            start = inner[0].value
+        elif spans[0].ttype != TType.LIST:
+            return None
+        if body[start] != TType.STRUCT:
+            return None
+        (count,) = _I32.unpack_from(body, start + 1)
+        pos = start + 5
+        out = []
+        for _ in range(count):
+            scanner = StructScanner(pos, len(body))
+            if not scanner.scan(body, len(body)):
+                return None
+            part = body[pos : scanner.pos]
+            out.append((partition_values(part), part))
+            pos = scanner.pos
+        return SplitReply(out)
+    except (ProtocolError, struct.error, IndexError):
+        return None
+
+
+def partition_values(part: bytes) -> tuple[str, ...]:
+    """Field 1 of a Partition struct (its values), read straight from the bytes."""
+    if (
+        len(part) >= 8
+        and part[0] == TType.LIST
+        and part[1:3] == b"\x00\x01"
+        and part[3] == TType.STRING
+    ):
+        (count,) = _I32.unpack_from(part, 4)
+        pos, values = 8, []
+        for _ in range(count):
+            (size,) = _I32.unpack_from(part, pos)
+            values.append(part[pos + 4 : pos + 4 + size].decode("utf-8"))
+            pos += 4 + size
+        return tuple(values)
+    # Not written values-first: decode the struct properly.
+    decoded = idl.decode(idl.module().Partition, part)
+    return tuple(decoded.values or ())
+
+
+def assemble(method: str, partitions: list[bytes]) -> bytes:
+    """The result struct the HMS would send for these partitions, in this order."""
+    items = b"".join(partitions)
+    listing = _LIST_OF_STRUCTS + b"\x00" + bytes((RESULT_LIST_PATH[method][-1],))
+    listing += bytes((TType.STRUCT,)) + _I32.pack(len(partitions)) + items
+    if method == "get_partitions_by_names":
+        return listing + b"\x00"
+    return bytes((TType.STRUCT,)) + b"\x00\x00" + listing + b"\x00" + b"\x00"

@@ -1,0 +1,396 @@
+"""From a call to what the cache does with it (pure).
+
+A cacheable read becomes a :class:`ReadPlan`: the key its reply is stored under, the version
+fields it depends on, how long it may live. A write becomes a :class:`WritePlan`: the version
+fields to bump (or epochs to replace) once it has reached the metastore. Both are derived
+from the method catalog and the decoded arguments only; nothing here does I/O.
+
+A plan can be ``None``: a read whose targets cannot be pinned down (a database name that is
+not a string, say) is not cached, and a write whose targets cannot be pinned down flushes
+everything. When in doubt, miss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy import catalog
+from proxy.cache.keys import (
+    CATALOG_TAG,
+    EPOCH,
+    DatabaseRef,
+    Naming,
+    PartitionNameError,
+    TableRef,
+    digest,
+    parse_partition_name,
+    partition_field,
+)
+from proxy.catalog import Kind, MethodSpec, Scope
+
+
+@dataclass(frozen=True, slots=True)
+class Ttls:
+    """Seconds an entry may live, per scope: the bound on staleness for writers that bypass
+    the proxy. An entry depending on several scopes lives as long as the shortest."""
+
+    catalog: float = 60.0
+    database: float = 60.0
+    table: float = 60.0
+    partitions: float = 60.0
+    statistics: float = 60.0
+    functions: float = 300.0
+    negative: float = 15.0
+
+    def for_scope(self, scope: Scope) -> float:
+        ttl = []
+        if scope & (Scope.CATALOG | Scope.PRIVILEGES):
+            ttl.append(self.catalog)
+        if scope & Scope.DATABASE:
+            ttl.append(self.database)
+        if scope & Scope.TABLE:
+            ttl.append(self.table)
+        if scope & (Scope.PARTITION_SET | Scope.PARTITIONS):
+            ttl.append(self.partitions)
+        if scope & Scope.STATISTICS:
+            ttl.append(self.statistics)
+        if scope & Scope.FUNCTIONS:
+            ttl.append(self.functions)
+        return min(ttl) if ttl else min(self.catalog, self.table)
+
+    @property
+    def longest(self) -> float:
+        return max(
+            self.catalog,
+            self.database,
+            self.table,
+            self.partitions,
+            self.statistics,
+            self.functions,
+            self.negative,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class VersionRef:
+    key: str  # the version hash
+    field: str
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionPlan:
+    """get_partitions_by_names: cached per partition, assembled per request."""
+
+    table: TableRef
+    tag: str
+    names: tuple[str, ...]  # distinct requested names, in request order
+    values: tuple[tuple[str, ...], ...]  # parsed from ``names``
+    variant: str  # what else shapes a partition's bytes (method, other arguments, identity)
+    names_path: tuple[int, ...]  # field ids leading to the names list in the arguments
+    refs_common: tuple[VersionRef, ...]  # epoch, pgen, partset
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPlan:
+    method: str
+    key: str
+    tag: str
+    refs: tuple[VersionRef, ...]
+    ttl: float
+    negative_ttl: float | None  # NoSuchObjectException may be cached for this long
+    table: TableRef | None = None
+    partitions: PartitionPlan | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Bump:
+    key: str  # the version hash
+    field: str  # EPOCH: replace the token; otherwise increment
+    scope: str  # metrics label
+
+
+@dataclass(frozen=True, slots=True)
+class WritePlan:
+    bumps: tuple[Bump, ...] = ()
+    databases_dropped: tuple[DatabaseRef, ...] = ()  # every table of these, too
+    flush_all: bool = False
+    tables: tuple[TableRef, ...] = field(default=())  # for listings (sealed partitions)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.bumps or self.databases_dropped or self.flush_all)
+
+
+FLUSH = WritePlan(flush_all=True)
+
+
+def _one_string(values: list[Any]) -> str | None:
+    strings = {v for v in values if isinstance(v, str)}
+    return strings.pop() if len(strings) == 1 and len(values) >= 1 else None
+
+
+def _partition_values(refs: Iterable[str], args: Any) -> list[tuple[str, ...]] | None:
+    """Every partition the references name, as value tuples; ``None`` if one is unclear."""
+    out: list[tuple[str, ...]] = []
+    for ref in refs:
+        kind, path = ref.split(":", 1)
+        found = catalog.resolve(path, args)
+        if kind == "values":
+            out += [tuple(v) for v in found if isinstance(v, list)]
+        elif kind == "objects":
+            for obj in found:
+                values = getattr(obj, "values", None)
+                if not isinstance(values, list):
+                    return None
+                out.append(tuple(values))
+        else:  # name / names
+            names = [n for item in found for n in (item if isinstance(item, list) else [item])]
+            for name in names:
+                if not isinstance(name, str):
+                    return None
+                try:
+                    out.append(parse_partition_name(name)[1])
+                except PartitionNameError:
+                    return None
+    return out
+
+
+class Planner:
+    def __init__(self, naming: Naming, ttls: Ttls, *, per_user: bool) -> None:
+        self.naming = naming
+        self.ttls = ttls
+        self.per_user = per_user
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def read(
+        self, spec: MethodSpec, args: Any, args_bytes: bytes, identity: bytes | None
+    ) -> ReadPlan | None:
+        assert spec.kind is Kind.CACHEABLE_READ
+        refs: list[VersionRef] = []
+        tags: list[str] = []
+
+        def depend(tag: str, name: str) -> None:
+            key = self.naming.versions(tag)
+            if tag not in tags:
+                tags.append(tag)
+                refs.append(VersionRef(key, EPOCH))
+            refs.append(VersionRef(key, name))
+
+        scope = spec.scope
+        who = (identity or b"anonymous") if self.per_user else b""
+        primary = CATALOG_TAG
+        table: TableRef | None = None
+        partition_plan: PartitionPlan | None = None
+        if spec.wide:
+            if scope & Scope.CATALOG:
+                depend(CATALOG_TAG, "catalog")
+            if scope & (Scope.DATABASE | Scope.TABLE):
+                depend(CATALOG_TAG, "tables")
+        else:
+            target = spec.targets[0]
+            db = _one_string(catalog.resolve(target.db, args)) if target.db else None
+            if db is None:
+                return None
+            database = DatabaseRef.of(db)
+            primary = database.tag
+            if scope & Scope.DATABASE:
+                depend(database.tag, "db")
+            if target.table:
+                name = _one_string(catalog.resolve(target.table, args))
+                if name is None:
+                    return None
+                table = TableRef.of(db, name)
+                primary = table.tag
+                parts = _partition_values(target.partitions, args)
+                if scope & Scope.TABLE:
+                    depend(table.tag, "table")
+                if scope & Scope.PARTITION_SET:
+                    depend(table.tag, "partset")
+                if scope & Scope.PARTITIONS:
+                    if target.partitions and parts is not None:
+                        depend(table.tag, "pgen")
+                        for values in parts:
+                            depend(table.tag, partition_field(values))
+                    else:  # the partitions as a whole (or names we cannot read: same thing)
+                        depend(table.tag, "parts")
+                        depend(table.tag, "partset")
+                if scope & Scope.STATISTICS and not target.partitions:
+                    depend(table.tag, "stats")
+                if spec.per_partition and parts:
+                    partition_plan = self._partition_plan(spec, args, args_bytes, table, who)
+            elif target.tables:
+                names = catalog.resolve(target.tables, args)
+                tables = [n for item in names for n in (item if isinstance(item, list) else [item])]
+                if not all(isinstance(n, str) for n in tables):
+                    return None
+                if not tables and not scope & Scope.DATABASE:
+                    return None
+                for name in tables:
+                    ref = TableRef.of(db, name)
+                    depend(ref.tag, "table")
+        if scope & Scope.FUNCTIONS:
+            depend(CATALOG_TAG, "functions")
+        if scope & Scope.PRIVILEGES:
+            depend(CATALOG_TAG, "privileges")
+        return ReadPlan(
+            method=spec.name,
+            key=self.naming.entry(primary, spec.name, args_bytes, who),
+            tag=primary,
+            refs=tuple(refs),
+            ttl=self.ttls.for_scope(scope),
+            negative_ttl=self.ttls.negative if spec.negative else None,
+            table=table,
+            partitions=partition_plan,
+        )
+
+    def _partition_plan(
+        self, spec: MethodSpec, args: Any, args_bytes: bytes, table: TableRef, who: bytes
+    ) -> PartitionPlan | None:
+        from proxy.cache import partitions as parts  # the byte-level half of the plan
+
+        ref = next(r for r in spec.targets[0].partitions if r.startswith("names:"))
+        path = ref.split(":", 1)[1]
+        found = catalog.resolve(path, args)
+        names = found[0] if found and isinstance(found[0], list) else None
+        if not names or not all(isinstance(n, str) for n in names):
+            return None
+        distinct = list(dict.fromkeys(names))
+        try:
+            values = tuple(parse_partition_name(n)[1] for n in distinct)
+        except PartitionNameError:
+            return None
+        if len(set(values)) != len(values):
+            return None  # two spellings of one partition: let the HMS sort that out
+        names_path = parts.field_path(spec.name, path)
+        other = parts.without_field(args_bytes, names_path)
+        if other is None:
+            return None
+        tag = table.tag
+        key = self.naming.versions(tag)
+        return PartitionPlan(
+            table=table,
+            tag=tag,
+            names=tuple(distinct),
+            values=values,
+            variant=digest(spec.name, other, who),
+            names_path=names_path,
+            refs_common=(
+                VersionRef(key, EPOCH),
+                VersionRef(key, "pgen"),
+                VersionRef(key, "partset"),
+            ),
+        )
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def write(self, spec: MethodSpec, args: Any | None) -> WritePlan:
+        """What a write that reached the metastore invalidates (success or not)."""
+        if spec.kind is not Kind.WRITE or spec.scope == Scope.NONE:
+            return WritePlan()
+        if spec.name == "drop_catalog" or (spec.targets and args is None):
+            return FLUSH
+        scope = spec.scope
+        bumps: dict[tuple[str, str], Bump] = {}
+        dropped: list[DatabaseRef] = []
+        tables: list[TableRef] = []
+
+        def bump(tag: str, name: str, label: str) -> None:
+            key = self.naming.versions(tag)
+            bumps.setdefault((key, name), Bump(key, name, label))
+
+        every = catalog.EVERYTHING_OF_A_TABLE
+        for target in spec.targets:
+            dbs = (
+                {v for v in catalog.resolve(target.db, args) if isinstance(v, str)}
+                if target.db
+                else set()
+            )
+            if target.db and not dbs:
+                return FLUSH
+            names = (
+                {v for v in catalog.resolve(target.table, args) if isinstance(v, str)}
+                if target.table
+                else set()
+            )
+            if target.table and not names:
+                return FLUSH
+            parts = _partition_values(target.partitions, args) if target.partitions else []
+            for db in dbs:
+                database = DatabaseRef.of(db)
+                if scope & Scope.DATABASE:
+                    bump(database.tag, "db", "database")
+                if not target.table and scope & Scope.TABLE:
+                    # Tables of the database change and we do not know which: all of them.
+                    dropped.append(database)
+                    bump(database.tag, EPOCH, "database")
+                for name in names:
+                    table = TableRef.of(db, name)
+                    tables.append(table)
+                    self._table_bumps(spec, args, scope, table, parts, bump)
+        if spec.renamed_to is not None:
+            for new in catalog.resolve(spec.renamed_to, args):
+                new_db, new_name = getattr(new, "dbName", None), getattr(new, "tableName", None)
+                if not isinstance(new_db, str) or not isinstance(new_name, str):
+                    return FLUSH
+                table = TableRef.of(new_db, new_name)
+                if table not in tables:  # a rename: the new name gets a new table, the old one dies
+                    for old in tables:
+                        bump(old.tag, EPOCH, "table")
+                    bump(table.tag, EPOCH, "table")
+                    bump(table.database.tag, "db", "database")
+                    tables.append(table)
+        if scope & Scope.CATALOG:
+            bump(CATALOG_TAG, "catalog", "catalog")
+        if scope & (Scope.DATABASE | Scope.TABLE) or spec.renamed_to:
+            bump(CATALOG_TAG, "tables", "catalog")
+        if scope & Scope.FUNCTIONS:
+            bump(CATALOG_TAG, "functions", "functions")
+        if scope & Scope.PRIVILEGES:
+            bump(CATALOG_TAG, "privileges", "privileges")
+        if scope & every == every and not spec.targets:
+            return FLUSH
+        return WritePlan(tuple(bumps.values()), tuple(dropped), False, tuple(tables))
+
+    def _table_bumps(
+        self,
+        spec: MethodSpec,
+        args: Any,
+        scope: Scope,
+        table: TableRef,
+        parts: list[tuple[str, ...]] | None,
+        bump: Any,
+    ) -> None:
+        tag = table.tag
+        every = catalog.EVERYTHING_OF_A_TABLE
+        if scope & every == every:  # created or dropped: nothing of the old table survives
+            bump(tag, EPOCH, "table")
+            return
+        if scope & Scope.TABLE:
+            bump(tag, "table", "table")
+        if scope & Scope.PARTITION_SET:
+            bump(tag, "partset", "partition_set")
+        if scope & Scope.PARTITIONS or (scope & Scope.STATISTICS and parts):
+            bump(tag, "parts", "partitions")
+            if parts:
+                for values in parts:
+                    bump(tag, partition_field(values), "partitions")
+            else:
+                bump(tag, "pgen", "partitions")
+        if scope & Scope.STATISTICS and not parts:
+            bump(tag, "stats", "statistics")
+        if spec.cascade and _cascades(catalog.resolve(spec.cascade, args)):
+            bump(tag, "parts", "partitions")
+            bump(tag, "pgen", "partitions")
+
+
+def _cascades(found: list[Any]) -> bool:
+    for value in found:
+        if value is True:
+            return True
+        props = getattr(value, "properties", None)
+        if isinstance(props, dict) and str(props.get("CASCADE", "")).lower() == "true":
+            return True
+    return False

@@ -1,0 +1,178 @@
+"""Where versions and entries live: the interface, and the embedded in-process store.
+
+The engine needs six operations; each is one round trip to Redis (see ``redis_store``):
+
+* ``lookup``: the current values of some version fields, and some entries;
+* ``ensure_epochs``: give version hashes that have none an epoch token (before a fill);
+* ``save``: write entries with their TTL, and extend the life of the version hashes they
+  depend on (a hash must outlive every entry filled under it);
+* ``bump``: apply a write's invalidation;
+* ``get``/``add``: small side values (compression dictionaries);
+* ``flush``: forget everything.
+
+Stores raise :class:`CacheUnavailable` when they cannot answer; the engine then answers from
+the metastore (fail open).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from proxy.cache.keys import EPOCH
+from proxy.cache.plan import Bump
+
+
+class CacheUnavailable(Exception):
+    """The store could not do what was asked (down, slow, out of memory, misconfigured)."""
+
+
+Versions = dict[str, dict[str, bytes | None]]
+# An entry's stored value and the seconds it has left to live (None: not there).
+Found = dict[str, tuple[bytes, float] | None]
+
+
+def new_epoch() -> bytes:
+    return os.urandom(8).hex().encode()
+
+
+class Store(Protocol):
+    compress: bool
+
+    async def lookup(
+        self, versions: Mapping[str, Sequence[str]], entries: Sequence[str]
+    ) -> tuple[Versions, Found]: ...
+
+    async def ensure_epochs(self, keys: Sequence[str]) -> dict[str, bytes]: ...
+
+    async def save(
+        self, entries: Sequence[tuple[str, bytes, float]], touch: Sequence[str]
+    ) -> None: ...
+
+    async def bump(self, bumps: Sequence[Bump]) -> None: ...
+
+    async def get(self, key: str) -> bytes | None: ...
+
+    async def add(self, key: str, value: bytes, ttl: float) -> None: ...
+
+    async def flush(self, pattern: str) -> int: ...
+
+    async def ping(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+class MemoryStore:
+    """The embedded cache: versions and entries in this process, bounded in bytes.
+
+    Entries are kept uncompressed (they never leave the process, so there is nothing to
+    gain on the wire and a decompression on every hit to lose). Both maps are LRU; evicting
+    a version hash is safe because its replacement gets a new epoch.
+    """
+
+    compress = False
+
+    def __init__(self, max_bytes: int, max_version_hashes: int = 200_000) -> None:
+        self.max_bytes = max_bytes
+        self.max_version_hashes = max_version_hashes
+        self._versions: OrderedDict[str, dict[str, bytes | None]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
+        self._bytes = 0
+
+    @property
+    def stored_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def lookup(
+        self, versions: Mapping[str, Sequence[str]], entries: Sequence[str]
+    ) -> tuple[Versions, Found]:
+        now = time.monotonic()
+        got: Versions = {}
+        for key, names in versions.items():
+            fields = self._versions.get(key)
+            if fields is not None:
+                self._versions.move_to_end(key)
+            got[key] = {n: (fields or {}).get(n) for n in names}
+        values: Found = {}
+        for key in entries:
+            item = self._entries.get(key)
+            if item is None or item[1] <= now:
+                if item is not None:
+                    self._drop(key)
+                values[key] = None
+            else:
+                self._entries.move_to_end(key)
+                values[key] = (item[0], item[1] - now)
+        return got, values
+
+    async def ensure_epochs(self, keys: Sequence[str]) -> dict[str, bytes]:
+        out = {}
+        for key in keys:
+            fields = self._hash(key)
+            epoch = fields.get(EPOCH)
+            if epoch is None:
+                epoch = fields[EPOCH] = new_epoch()
+            out[key] = epoch
+        return out
+
+    def _hash(self, key: str) -> dict[str, bytes | None]:
+        fields = self._versions.get(key)
+        if fields is None:
+            fields = self._versions[key] = {}
+            while len(self._versions) > self.max_version_hashes:
+                self._versions.popitem(last=False)
+        else:
+            self._versions.move_to_end(key)
+        return fields
+
+    async def save(self, entries: Sequence[tuple[str, bytes, float]], touch: Sequence[str]) -> None:
+        now = time.monotonic()
+        for key, value, ttl in entries:
+            if len(value) > self.max_bytes // 4:
+                continue  # one entry may not crowd out the rest
+            self._drop(key)
+            self._entries[key] = (value, now + ttl)
+            self._bytes += len(value)
+        while self._bytes > self.max_bytes and self._entries:
+            key, (value, _) = self._entries.popitem(last=False)
+            self._bytes -= len(value)
+
+    def _drop(self, key: str) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._bytes -= len(old[0])
+
+    async def bump(self, bumps: Sequence[Bump]) -> None:
+        for b in bumps:
+            fields = self._hash(b.key)
+            if b.field == EPOCH:
+                fields[EPOCH] = new_epoch()
+            else:
+                fields[b.field] = str(int(fields.get(b.field) or 0) + 1).encode()
+
+    async def get(self, key: str) -> bytes | None:
+        found = (await self.lookup({}, [key]))[1][key]
+        return found[0] if found else None
+
+    async def add(self, key: str, value: bytes, ttl: float) -> None:
+        if key not in self._entries:
+            await self.save([(key, value, ttl)], [])
+
+    async def flush(self, pattern: str = "") -> int:
+        count = len(self._entries) + len(self._versions)
+        self._entries.clear()
+        self._versions.clear()
+        self._bytes = 0
+        return count
+
+    async def ping(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,94 @@
+"""Byte spans of the fields of a binary-encoded struct (sans-I/O).
+
+Used on small structs (call arguments) to compute keys over "all arguments but one" and to
+rewrite one field of a request without decoding and re-encoding the rest, so fields this
+proxy's IDL does not know survive untouched.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from proxy.wire.binary import FIXED_SIZE, TType
+from proxy.wire.errors import ProtocolError
+
+_I32 = struct.Struct(">i")
+_FIELD = struct.Struct(">bh")
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpan:
+    fid: int
+    ttype: int
+    start: int  # the field header
+    value: int  # the value, after the 3-byte header
+    end: int
+
+
+def skip_value(buf: bytes, pos: int, ttype: int, depth: int = 0) -> int:
+    """The offset just past one value of ``ttype`` at ``pos``."""
+    if depth > 64:
+        raise ProtocolError("nested too deeply")
+    width = FIXED_SIZE.get(ttype)
+    if width is not None:
+        end = pos + width
+    elif ttype == TType.STRING:
+        (size,) = _I32.unpack_from(buf, pos)
+        if size < 0:
+            raise ProtocolError("negative string length")
+        end = pos + 4 + size
+    elif ttype == TType.STRUCT:
+        end = struct_end(buf, pos, depth + 1)
+    elif ttype in (TType.LIST, TType.SET):
+        etype = buf[pos]
+        (count,) = _I32.unpack_from(buf, pos + 1)
+        end = pos + 5
+        for _ in range(count):
+            end = skip_value(buf, end, etype, depth + 1)
+    elif ttype == TType.MAP:
+        ktype, vtype = buf[pos], buf[pos + 1]
+        (count,) = _I32.unpack_from(buf, pos + 2)
+        end = pos + 6
+        for _ in range(count):
+            end = skip_value(buf, end, ktype, depth + 1)
+            end = skip_value(buf, end, vtype, depth + 1)
+    else:
+        raise ProtocolError(f"unknown type {ttype}")
+    if end > len(buf):
+        raise ProtocolError("value runs past the end of the buffer")
+    return end
+
+
+def field_spans(buf: bytes, start: int = 0) -> tuple[list[FieldSpan], int]:
+    """The fields of the struct at ``start``, and the offset just past its STOP byte."""
+    spans: list[FieldSpan] = []
+    pos = start
+    while True:
+        if pos >= len(buf):
+            raise ProtocolError("struct has no end")
+        ttype = buf[pos]
+        if ttype == TType.STOP:
+            return spans, pos + 1
+        _, fid = _FIELD.unpack_from(buf, pos)
+        end = skip_value(buf, pos + 3, ttype)
+        spans.append(FieldSpan(fid, ttype, pos, pos + 3, end))
+        pos = end
+
+
+def struct_end(buf: bytes, start: int, depth: int = 0) -> int:
+    return field_spans(buf, start)[1]
+
+
+def find(spans: list[FieldSpan], fid: int) -> FieldSpan | None:
+    return next((s for s in spans if s.fid == fid), None)
+
+
+def encode_string_list_field(fid: int, items: list[str]) -> bytes:
+    """A ``list<string>`` field (header, element type, count, items)."""
+    out = [_FIELD.pack(TType.LIST, fid), bytes((TType.STRING,)), _I32.pack(len(items))]
+    for item in items:
+        raw = item.encode("utf-8")
+        out.append(_I32.pack(len(raw)))
+        out.append(raw)
+    return b"".join(out)
