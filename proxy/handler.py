@@ -220,6 +220,8 @@ class CallHandler:
         if look.result is Result.BYPASS:
             return await self._forward(session, message, client, retries=1), "upstream"
         seqid = message.header.seqid
+        self.metrics.cache_partitions.labels("hit").inc(len(look.known))
+        self.metrics.cache_partitions.labels("miss").inc(len(pp.values) - len(look.known))
         if look.result is Result.HIT:
             await self._send_assembled(client, method, seqid, pp.names, pp.values, look.known)
             return "ok", "cache"

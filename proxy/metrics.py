@@ -82,6 +82,13 @@ class Metrics:
             ["method", "result"],
             registry=r,
         )
+        self.cache_partitions = Counter(
+            "hmsproxy_cache_partitions",
+            "Partitions asked for in get_partitions_by_names, by whether the cache had them "
+            "(found or known to be absent)",
+            ["result"],
+            registry=r,
+        )
         self.cache_errors = Counter(
             "hmsproxy_cache_errors",
             "Cache operations that failed (the call was answered from the HMS)",
@@ -156,6 +163,8 @@ class Metrics:
             for source in SOURCES:
                 self.request_duration.labels(name, source)
             self.upstream_duration.labels(name)
+        for result in ("hit", "miss"):
+            self.cache_partitions.labels(result)
         for op in CACHE_OPERATIONS:
             self.cache_errors.labels(op)
         for scope in INVALIDATION_SCOPES:

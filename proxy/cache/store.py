@@ -86,7 +86,8 @@ class MemoryStore:
     def stored_bytes(self) -> int:
         return self._bytes
 
-    def __len__(self) -> int:
+    @property
+    def entry_count(self) -> int:
         return len(self._entries)
 
     async def lookup(

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from proxy import idl
+from tests.rig import raw
 from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
 
@@ -54,3 +56,60 @@ def test_spark_sees_the_same_through_the_proxy(hms: MetastoreServer, proxy: Prox
             for o in ("ok", "user_error")
         )
         assert seen >= 1, method
+
+
+@pytest.mark.spark
+def test_dynamic_partition_insert_keeps_untouched_partitions_cached(
+    hms: MetastoreServer, proxy: ProxyProcess, tmp_path: Path
+) -> None:
+    db = "spark_dynamic"
+    go = tmp_path / "go"
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            str(JOB.with_name("spark_dynamic_job.py")),
+            f"thrift://127.0.0.1:{proxy.port}",
+            hms.warehouse.as_uri(),
+            db,
+            str(go),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert job.stdout is not None
+        for line in job.stdout:
+            if line.startswith("READY"):
+                break
+        else:
+            raise AssertionError(job.stderr.read() if job.stderr else "job ended early")
+        names = [f"ds=2024-03-0{i}" for i in range(1, 9)]
+        by_names = idl.encode_call(
+            "get_partitions_by_names", 1, db_name=db, tbl_name="events", names=names
+        )
+        raw.call("127.0.0.1", proxy.port, by_names)  # the cache now holds all eight
+        go.touch()
+        out, err = job.communicate(timeout=300)
+        assert job.returncode == 0 and "DONE" in out, err[-3000:]
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    everything = idl.encode_call(
+        "get_partitions_by_names", 2, db_name=db, tbl_name="events", names=[*names, "ds=2024-03-09"]
+    )
+    hits = proxy.metric("hmsproxy_cache_partitions_total", result="hit")
+    misses = proxy.metric("hmsproxy_cache_partitions_total", result="miss")
+    through = raw.call("127.0.0.1", proxy.port, everything)
+    # The four touched partitions are fresh. (Compared as values: the HMS writes a partition's
+    # parameter map in an order that depends on which partitions are requested together, and
+    # these four come from a smaller request than this one.)
+    assert raw.same_result(
+        "get_partitions_by_names", through, raw.call(hms.host, hms.port, everything)
+    )
+    # The five untouched partitions were still cached; only the four the INSERT wrote (three
+    # altered, one new) had to be fetched.
+    assert proxy.metric("hmsproxy_cache_partitions_total", result="hit") - hits == 5
+    assert proxy.metric("hmsproxy_cache_partitions_total", result="miss") - misses == 4

@@ -85,7 +85,15 @@ class Model:
         request = idl.encode_call(method, self.seqid, **args)
         direct = self.direct.call(request)
         proxied = self.via.call(request)
-        if proxied != direct:
+        # Byte for byte, except get_partitions_by_names assembled from partitions cached from
+        # other requests: those carry the HMS's bytes from that other request, and the HMS
+        # orders a partition's parameter map differently from request to request.
+        same = (
+            raw.same_result(method, proxied, direct)
+            if method == "get_partitions_by_names"
+            else proxied == direct
+        )
+        if not same:
             self.mismatches.append(f"{method}({args})")
 
     def table_object(self, db: str, table: str) -> Any:

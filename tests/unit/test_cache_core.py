@@ -1,0 +1,412 @@
+"""The cache's pure core: partition names, plans, entries, per-partition byte surgery."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy import catalog, idl
+from proxy.cache import entry as codec
+from proxy.cache import partitions as parts
+from proxy.cache.keys import (
+    EPOCH,
+    DatabaseRef,
+    Naming,
+    PartitionNameError,
+    TableRef,
+    parse_partition_name,
+    partition_field,
+    split_catalog,
+)
+from proxy.cache.plan import Planner, Ttls
+from proxy.wire.binary import MessageType, encode_header
+
+M = idl.module()
+NAMING = Naming()
+PLANNER = Planner(NAMING, Ttls(), per_user=False)
+
+
+def args(method: str, **values: Any) -> tuple[Any, bytes]:
+    obj = idl.args_class(method)(**values)
+    return obj, idl.encode(obj)
+
+
+def read_plan(method: str, **values: Any):  # type: ignore[no-untyped-def]
+    obj, raw = args(method, **values)
+    spec = catalog.lookup(method)
+    assert spec is not None
+    return PLANNER.read(spec, obj, raw, None)
+
+
+def write_plan(method: str, **values: Any):  # type: ignore[no-untyped-def]
+    spec = catalog.lookup(method)
+    assert spec is not None
+    return PLANNER.write(spec, idl.args_class(method)(**values))
+
+
+def fields_of(plan: Any) -> set[tuple[str, str]]:
+    return {(ref.key, ref.field) for ref in plan.refs}
+
+
+def bumped(plan: Any) -> set[tuple[str, str]]:
+    return {(b.key, b.field) for b in plan.bumps}
+
+
+T = TableRef.of("db", "t")
+TV = NAMING.versions(T.tag)
+DV = NAMING.versions(DatabaseRef.of("db").tag)
+GV = NAMING.versions("g")
+
+
+# -- names -----------------------------------------------------------------------------------
+
+
+def test_partition_names_unescape_like_hive() -> None:
+    assert parse_partition_name("ds=2024-01-01/region=eu") == (
+        ("ds", "region"),
+        ("2024-01-01", "eu"),
+    )
+    assert parse_partition_name("p=a%2Fb%3Dc%25") == (("p",), ("a/b=c%",))
+    assert parse_partition_name("p=%zz") == (("p",), ("%zz",))  # not an escape: kept
+    for bad in ("ds", "ds=1/", "DS=1", "=1"):
+        with pytest.raises(PartitionNameError):
+            parse_partition_name(bad)
+
+
+def test_catalog_prefixed_names_are_the_same_objects() -> None:
+    assert split_catalog("@hive#Sales") == ("hive", "sales")
+    assert split_catalog("sales") == ("hive", "sales")
+    assert TableRef.of("@hive#DB", "T") == TableRef.of("db", "t")
+    assert TableRef.of("@spark#db", "t") != TableRef.of("db", "t")
+
+
+def test_a_table_keeps_all_its_keys_in_one_redis_slot() -> None:
+    tag = T.tag
+    keys = [
+        NAMING.versions(tag),
+        NAMING.entry(tag, "get_table", b"x"),
+        NAMING.partition_entry(tag, "v", ["1"]),
+        NAMING.dictionary(tag, "ab"),
+    ]
+    assert all(k.count("{" + tag + "}") == 1 for k in keys)
+
+
+def test_partition_field_is_by_values() -> None:
+    assert partition_field(["a", "b"]) == partition_field(("a", "b"))
+    assert partition_field(["a/b"]) != partition_field(["a", "b"])
+
+
+# -- read plans ------------------------------------------------------------------------------
+
+
+def test_get_table_depends_on_the_table_only() -> None:
+    plan = read_plan("get_table", dbname="DB", tbl_name="T")
+    assert plan is not None
+    assert fields_of(plan) == {(TV, EPOCH), (TV, "table")}
+    assert plan.negative_ttl == Ttls().negative
+    assert "{" + T.tag + "}" in plan.key
+
+
+def test_whole_partition_lists_depend_on_set_and_contents() -> None:
+    plan = read_plan(
+        "get_partitions_by_filter", db_name="db", tbl_name="t", filter="x", max_parts=-1
+    )
+    assert fields_of(plan) == {(TV, EPOCH), (TV, "partset"), (TV, "parts")}
+
+
+def test_single_partition_reads_depend_on_that_partition() -> None:
+    plan = read_plan("get_partition", db_name="db", tbl_name="t", part_vals=["1"])
+    assert fields_of(plan) == {(TV, EPOCH), (TV, "pgen"), (TV, partition_field(["1"]))}
+
+
+def test_partition_statistics_also_depend_on_the_table() -> None:
+    request = M.PartitionsStatsRequest("db", "t", ["c"], ["ds=1", "ds=2"])
+    plan = read_plan("get_partitions_statistics_req", request=request)
+    assert (TV, "table") in fields_of(plan)
+    assert (TV, partition_field(["2"])) in fields_of(plan)
+
+
+def test_by_names_is_planned_per_partition() -> None:
+    plan = read_plan(
+        "get_partitions_by_names", db_name="db", tbl_name="t", names=["ds=2", "ds=1", "ds=2"]
+    )
+    assert plan is not None and plan.partitions is not None
+    assert plan.partitions.names == ("ds=2", "ds=1")
+    assert plan.partitions.values == (("2",), ("1",))
+    assert plan.partitions.names_path == (3,)
+    other = read_plan("get_partitions_by_names", db_name="db", tbl_name="t", names=["ds=9"])
+    assert other.partitions.variant == plan.partitions.variant  # same table, same shape
+
+
+def test_unreadable_partition_names_fall_back_to_one_entry() -> None:
+    plan = read_plan("get_partitions_by_names", db_name="db", tbl_name="t", names=["garbage"])
+    assert plan is not None and plan.partitions is None
+    assert (TV, "parts") in fields_of(plan)
+
+
+def test_user_scope_keys_carry_the_identity() -> None:
+    per_user = Planner(NAMING, Ttls(), per_user=True)
+    obj, raw = args("get_table", dbname="db", tbl_name="t")
+    spec = catalog.lookup("get_table")
+    assert spec is not None
+    alice = per_user.read(spec, obj, raw, b"alice")
+    bob = per_user.read(spec, obj, raw, b"bob")
+    shared = PLANNER.read(spec, obj, raw, b"alice")
+    assert alice and bob and shared
+    assert len({alice.key, bob.key, shared.key}) == 3
+
+
+def test_with_auth_reads_are_keyed_by_their_user_even_when_shared() -> None:
+    a = read_plan(
+        "get_partition_with_auth",
+        db_name="db",
+        tbl_name="t",
+        part_vals=["1"],
+        user_name="a",
+        group_names=[],
+    )
+    b = read_plan(
+        "get_partition_with_auth",
+        db_name="db",
+        tbl_name="t",
+        part_vals=["1"],
+        user_name="b",
+        group_names=[],
+    )
+    assert a.key != b.key
+    assert (GV, "privileges") in fields_of(a)
+
+
+def test_ttl_is_the_shortest_of_the_scopes() -> None:
+    ttls = Ttls(table=30, statistics=5)
+    planner = Planner(NAMING, ttls, per_user=False)
+    obj, raw = args("get_table_statistics_req", request=M.TableStatsRequest("db", "t", ["c"]))
+    plan = planner.read(catalog.lookup("get_table_statistics_req"), obj, raw, None)  # type: ignore[arg-type]
+    assert plan is not None and plan.ttl == 5
+
+
+# -- write plans -----------------------------------------------------------------------------
+
+
+def test_alter_partition_touches_that_partition_not_the_others() -> None:
+    plan = write_plan(
+        "alter_partition", db_name="db", tbl_name="t", new_part=M.Partition(values=["1"])
+    )
+    assert bumped(plan) == {(TV, "parts"), (TV, partition_field(["1"]))}
+
+
+def test_add_partitions_changes_the_set_and_the_named_partitions() -> None:
+    new = [M.Partition(values=[d], dbName="db", tableName="t") for d in ("1", "2")]
+    plan = write_plan("add_partitions", new_parts=new)
+    assert bumped(plan) == {
+        (TV, "partset"),
+        (TV, "parts"),
+        (TV, partition_field(["1"])),
+        (TV, partition_field(["2"])),
+    }
+
+
+def test_drop_partition_by_name() -> None:
+    plan = write_plan(
+        "drop_partition_by_name", db_name="db", tbl_name="t", part_name="ds=1", deleteData=True
+    )
+    assert (TV, partition_field(["1"])) in bumped(plan) and (TV, "partset") in bumped(plan)
+
+
+def test_a_partition_write_without_names_invalidates_all_partitions() -> None:
+    request = M.DropPartitionsRequest("db", "t", M.RequestPartsSpec(exprs=[]))
+    plan = write_plan("drop_partitions_req", req=request)
+    assert (TV, "pgen") in bumped(plan)
+
+
+def test_create_and_drop_table_replace_the_epoch() -> None:
+    table = M.Table(tableName="T", dbName="DB")
+    for plan in (
+        write_plan("create_table", tbl=table),
+        write_plan("drop_table", dbname="db", name="t", deleteData=True),
+    ):
+        assert {(TV, EPOCH), (DV, "db"), (GV, "tables")} <= bumped(plan)
+
+
+def test_alter_table_keeps_partitions_unless_cascade() -> None:
+    plain = write_plan(
+        "alter_table", dbname="db", tbl_name="t", new_tbl=M.Table(tableName="t", dbName="db")
+    )
+    assert (TV, "table") in bumped(plain) and (TV, "pgen") not in bumped(plain)
+    env = M.EnvironmentContext({"CASCADE": "true"})
+    cascade = write_plan(
+        "alter_table_with_environment_context",
+        dbname="db",
+        tbl_name="t",
+        new_tbl=M.Table(tableName="t", dbName="db"),
+        environment_context=env,
+    )
+    assert (TV, "pgen") in bumped(cascade)
+
+
+def test_rename_kills_both_names() -> None:
+    plan = write_plan(
+        "alter_table", dbname="db", tbl_name="t", new_tbl=M.Table(tableName="u", dbName="db")
+    )
+    new = NAMING.versions(TableRef.of("db", "u").tag)
+    assert {(TV, EPOCH), (new, EPOCH)} <= bumped(plan)
+
+
+def test_statistics_updates_touch_the_objects_they_rewrite() -> None:
+    desc = M.ColumnStatisticsDesc(False, "db", "t", "ds=1")
+    plan = write_plan("update_partition_column_statistics", stats_obj=M.ColumnStatistics(desc, []))
+    assert (TV, partition_field(["1"])) in bumped(plan)
+    table = write_plan(
+        "update_table_column_statistics",
+        stats_obj=M.ColumnStatistics(M.ColumnStatisticsDesc(True, "db", "t"), []),
+    )
+    assert {(TV, "table"), (TV, "stats")} <= bumped(table)
+
+
+def test_drop_database_lists_the_database_for_its_tables() -> None:
+    plan = write_plan("drop_database", name="db", deleteData=True, cascade=True)
+    assert plan.databases_dropped == (DatabaseRef.of("db"),)
+    assert {(DV, EPOCH), (GV, "catalog"), (GV, "functions")} <= bumped(plan)
+
+
+def test_undecodable_targets_flush_everything() -> None:
+    spec = catalog.lookup("alter_partition")
+    assert spec is not None
+    assert PLANNER.write(spec, None).flush_all
+    assert write_plan(
+        "alter_partition", db_name=None, tbl_name="t", new_part=M.Partition(values=["1"])
+    ).flush_all
+
+
+def test_state_only_writes_invalidate_nothing() -> None:
+    assert write_plan("open_txns", rqst=M.OpenTxnRequest(1, "u", "h")).empty
+
+
+# -- entries ---------------------------------------------------------------------------------
+
+
+@given(payload=st.binary(max_size=3000), flags=st.sampled_from([0, codec.NEGATIVE, codec.ABSENT]))
+def test_entries_round_trip(payload: bytes, flags: int) -> None:
+    fp = codec.fingerprint([b"1", None, b"x"])
+    for compress in (True, False):
+        got = codec.decode(codec.encode(fp, flags, payload, compress=compress))
+        assert (got.fingerprint, got.flags, got.payload) == (fp, flags, payload)
+
+
+def test_fingerprints_see_every_version() -> None:
+    assert codec.fingerprint([b"1", b"2"]) != codec.fingerprint([b"1", b"3"])
+    assert codec.fingerprint([b"1", None]) != codec.fingerprint([b"1", b"0"])
+    assert codec.fingerprint([b"12", b"3"]) != codec.fingerprint([b"1", b"23"])
+
+
+def _partition(i: int, cols: int = 20) -> bytes:
+    sd = M.StorageDescriptor(
+        cols=[M.FieldSchema(f"column_number_{c}", "string", None) for c in range(cols)],
+        location=f"hdfs://nn:8020/warehouse/db.db/t/ds=2024-01-{i:02d}",
+        inputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetInputFormat",
+        outputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat",
+        compressed=False,
+        numBuckets=-1,
+        serdeInfo=M.SerDeInfo(
+            None,
+            "org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe",
+            {"serialization.format": "1"},
+        ),
+        bucketCols=[],
+        sortCols=[],
+        parameters={},
+    )
+    part = M.Partition(
+        values=[f"2024-01-{i:02d}"],
+        dbName="db",
+        tableName="t",
+        createTime=1700000000 + i,
+        lastAccessTime=0,
+        sd=sd,
+        parameters={
+            "transient_lastDdlTime": str(1700000000 + i),
+            "numFiles": str(i),
+            "totalSize": str(1000 * i),
+        },
+    )
+    return idl.encode(part)
+
+
+def test_partitions_compress_against_their_table_dictionary() -> None:
+    fp = codec.fingerprint([b"1"])
+    dictionary = codec.new_dictionary(_partition(1))
+    raw = [_partition(i) for i in range(2, 30)]
+    stored = [codec.encode(fp, 0, p, dictionary=dictionary) for p in raw]
+    assert sum(map(len, stored)) <= 0.25 * sum(map(len, raw))
+    assert codec.decode(stored[0], dictionary[1]).payload == raw[0]
+    assert codec.dictionary_id(stored[0]) == dictionary[0]
+    with pytest.raises(codec.EntryError):
+        codec.decode(stored[0])
+
+
+# -- per-partition byte surgery --------------------------------------------------------------
+
+
+def _reply_body(method: str, partitions: list[bytes]) -> bytes:
+    objs = [idl.decode(M.Partition, p) for p in partitions]
+    result_cls = idl.result_class(method)
+    if method == "get_partitions_by_names":
+        return idl.encode(result_cls(success=objs))
+    return idl.encode(result_cls(success=M.GetPartitionsByNamesResult(partitions=objs)))
+
+
+@pytest.mark.parametrize("method", ["get_partitions_by_names", "get_partitions_by_names_req"])
+def test_split_and_assemble_are_exact_inverses(method: str) -> None:
+    originals = [_partition(i, cols=3) for i in (1, 2, 3)]
+    body = _reply_body(method, originals)
+    split = parts.split(method, body)
+    assert split is not None
+    assert [data for _, data in split.partitions] == originals
+    assert [values for values, _ in split.partitions] == [
+        ("2024-01-01",),
+        ("2024-01-02",),
+        ("2024-01-03",),
+    ]
+    assert parts.assemble(method, originals) == body
+    assert parts.assemble(method, []) == _reply_body(method, [])
+
+
+def test_split_refuses_exceptions_and_dictionaries() -> None:
+    cls = idl.result_class("get_partitions_by_names")
+    assert (
+        parts.split("get_partitions_by_names", idl.encode(cls(o2=M.NoSuchObjectException("x"))))
+        is None
+    )
+    req_cls = idl.result_class("get_partitions_by_names_req")
+    with_dict = req_cls(success=M.GetPartitionsByNamesResult([], M.ObjectDictionary({"k": [b"v"]})))
+    assert parts.split("get_partitions_by_names_req", idl.encode(with_dict)) is None
+
+
+def test_the_names_field_is_replaced_and_nothing_else() -> None:
+    request = M.GetPartitionsByNamesRequest(
+        "db", "t", ["ds=1", "ds=2"], True, ["cap"], "id", "hive"
+    )
+    _, raw = args("get_partitions_by_names_req", req=request)
+    path = parts.field_path("get_partitions_by_names_req", "req.names")
+    rewritten = parts.with_names(raw, path, ["ds=2"])
+    decoded = idl.decode_args("get_partitions_by_names_req", rewritten).req
+    assert decoded.names == ["ds=2"]
+    assert (decoded.get_col_stats, decoded.processorCapabilities, decoded.engine) == (
+        True,
+        ["cap"],
+        "hive",
+    )
+    # An argument this proxy does not know survives the rewrite byte for byte.
+    unknown = raw[:-1] + b"\x0b\x00\x63\x00\x00\x00\x02zz" + raw[-1:]
+    assert parts.with_names(unknown, path, ["ds=2"]).endswith(b"\x0b\x00\x63\x00\x00\x00\x02zz\x00")
+    assert parts.without_field(raw, path) == parts.without_field(
+        parts.with_names(raw, path, ["x"]), path
+    )
+
+
+def test_assembled_reply_header_is_the_hms_header() -> None:
+    header = encode_header("get_partitions_by_names", MessageType.REPLY, 7)
+    assert header.startswith(b"\x80\x01\x00\x02")

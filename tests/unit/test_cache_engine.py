@@ -1,0 +1,147 @@
+"""The engine's rules, on the embedded store: hits, no stale fill, pending invalidations."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from proxy import idl
+from proxy.cache.engine import CacheEngine, Result
+from proxy.cache.plan import Bump
+from proxy.cache.store import CacheUnavailable, MemoryStore
+from proxy.metrics import Metrics
+from proxy.wire.binary import MessageType, encode_header, parse_header
+from proxy.wire.framing import Message
+from tests.unit.test_cache_core import PLANNER, read_plan, write_plan
+
+M = idl.module()
+
+
+class FlakyStore(MemoryStore):
+    """The embedded store, with an outage switch (what a Redis outage looks like)."""
+
+    def __init__(self) -> None:
+        super().__init__(1 << 20)
+        self.down = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise CacheUnavailable("down")
+
+    async def lookup(self, versions: Any, entries: Sequence[str]) -> Any:
+        self._check()
+        return await super().lookup(versions, entries)
+
+    async def bump(self, bumps: Sequence[Bump]) -> None:
+        self._check()
+        await super().bump(bumps)
+
+    async def save(self, entries: Any, touch: Sequence[str]) -> None:
+        self._check()
+        await super().save(entries, touch)
+
+
+def engine(store: MemoryStore | None = None) -> CacheEngine:
+    store = store if store is not None else MemoryStore(1 << 20)
+    return CacheEngine(store, PLANNER, Metrics(), l1_bytes=1 << 20, max_entry_bytes=1 << 20)
+
+
+def reply(method: str, result: Any, seqid: int = 1) -> Message:
+    data = encode_header(method, MessageType.REPLY, seqid) + idl.encode(result)
+    header = parse_header(data, 0, len(data))
+    assert header is not None
+    return Message(header, data)
+
+
+TABLE = reply(
+    "get_table", idl.result_class("get_table")(success=M.Table(tableName="t", dbName="db"))
+)
+MISSING = reply("get_table", idl.result_class("get_table")(o2=M.NoSuchObjectException("no")))
+GET_TABLE = read_plan("get_table", dbname="db", tbl_name="t")
+ALTER = write_plan(
+    "alter_table", dbname="db", tbl_name="t", new_tbl=M.Table(tableName="t", dbName="db")
+)
+
+
+async def fill(e: CacheEngine, message: Message) -> bytes:
+    look = await e.lookup(GET_TABLE)
+    assert look.result is Result.MISS
+    fp = await e.fill_fingerprint(GET_TABLE, look)
+    assert fp is not None
+    assert await e.fill(GET_TABLE, fp, message)
+    return fp
+
+
+def test_a_filled_reply_is_served_until_a_write() -> None:
+    async def run() -> None:
+        e = engine()
+        await fill(e, TABLE)
+        hit = await e.lookup(GET_TABLE)
+        assert hit.result is Result.HIT and hit.reply == TABLE.data
+        await e.invalidate(ALTER, "write")
+        assert (await e.lookup(GET_TABLE)).result is Result.MISS
+
+    asyncio.run(run())
+
+
+def test_a_fill_that_raced_a_write_is_never_served() -> None:
+    async def run() -> None:
+        e = engine()
+        look = await e.lookup(GET_TABLE)
+        fp = await e.fill_fingerprint(GET_TABLE, look)  # read before the upstream call
+        assert fp is not None
+        await e.invalidate(ALTER, "write")  # the write lands while the call is in flight
+        await e.fill(GET_TABLE, fp, TABLE)  # the pre-write reply arrives and is stored
+        assert (await e.lookup(GET_TABLE)).result is Result.MISS
+
+    asyncio.run(run())
+
+
+def test_not_found_is_cached_until_the_create() -> None:
+    async def run() -> None:
+        e = engine()
+        await fill(e, MISSING)
+        assert (await e.lookup(GET_TABLE)).result is Result.NEGATIVE_HIT
+        await e.invalidate(
+            write_plan("create_table", tbl=M.Table(tableName="T", dbName="DB")), "write"
+        )
+        assert (await e.lookup(GET_TABLE)).result is Result.MISS
+
+    asyncio.run(run())
+
+
+def test_other_declared_exceptions_are_not_cached() -> None:
+    meta = reply("get_table", idl.result_class("get_table")(o1=M.MetaException("boom")))
+    assert engine().cacheable(GET_TABLE, meta) is None
+    assert engine().cacheable(read_plan("get_all_tables", db_name="db"), TABLE) is not None
+
+
+def test_an_invalidation_the_store_missed_blocks_hits_until_applied() -> None:
+    async def run() -> None:
+        store = FlakyStore()
+        e = engine(store)
+        await fill(e, TABLE)
+        store.down = True
+        assert not await e.invalidate(ALTER, "write")  # kept pending
+        assert (await e.lookup(GET_TABLE)).result is Result.BYPASS
+        store.down = False
+        # The store is back with the old entry still in it: the pending bump goes first.
+        assert (await e.lookup(GET_TABLE)).result is Result.MISS
+
+    asyncio.run(run())
+
+
+def test_one_flight_per_key_and_versions() -> None:
+    async def run() -> None:
+        e = engine()
+        assert e.join("k", b"fp") is None
+        e.lead("k", b"fp")
+        follower = e.join("k", b"fp")
+        assert follower is not None
+        assert e.join("k", b"other") is None  # a caller that saw other versions flies alone
+        e.land("k", b"fp", b"reply")
+        assert await follower == b"reply"
+        assert e.join("k", b"fp") is None
+
+    asyncio.run(run())
