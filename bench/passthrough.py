@@ -68,7 +68,7 @@ def main() -> None:
     try:
         print(f"metastore {hms.uri}; preparing {args.partitions:,} partitions ...", flush=True)
         ensure_wide_table(hms, args.partitions)
-        proxy = ProxyProcess(DATA, hms.uri, "--log-level", "warning").start()
+        proxy = ProxyProcess(DATA, hms.uri, "--log-level", "warning", "--cache", "off").start()
         direct, proxied = TimedConnection(hms.port), TimedConnection(proxy.port)
         rows = []
         get_table = idl.encode_call("get_table", 1, dbname=BENCH_DB, tbl_name=WIDE_TABLE)

@@ -50,6 +50,8 @@ class Proxy:
 
     async def start(self) -> None:
         await self.http.start()
+        if self.cache is not None and not await self.cache.store.connect(wait=3.0):
+            log.warning("cache: Redis not reachable yet; serving from the metastore meanwhile")
         await self.thrift.start()
         log.info(
             "hms-cache-proxy listening on %s (metrics on %s), metastore %s",

@@ -28,7 +28,7 @@ from typing import Protocol
 
 from proxy import catalog, idl
 from proxy.cache import partitions as parts
-from proxy.cache.engine import CacheEngine, Result, reply_for
+from proxy.cache.engine import CacheEngine, Result
 from proxy.cache.plan import FLUSH, ReadPlan
 from proxy.catalog import Kind, MethodSpec
 from proxy.config import Options
@@ -48,9 +48,11 @@ from proxy.upstream import (
 )
 from proxy.wire.binary import (
     AppErrorType,
+    MessageHeader,
     MessageType,
     encode_application_exception,
     encode_header,
+    parse_header,
     with_seqid,
 )
 from proxy.wire.errors import ProtocolError
@@ -77,6 +79,9 @@ class ClientChannel(Protocol):
 
     async def send(self, data: bytes) -> None:
         """Write ``data`` (raw bytes, already framed as needed) and respect backpressure."""
+
+    async def send_message(self, head: bytes, rest: memoryview) -> None:
+        """Write one message, framed as needed, given in two parts."""
 
 
 @dataclass
@@ -179,7 +184,7 @@ class CallHandler:
         look = await self.cache.lookup(plan)
         self.metrics.cache_lookups.labels(label, look.result.value).inc()
         if look.result in (Result.HIT, Result.NEGATIVE_HIT):
-            await client.send(client.transport.frame(reply_for(look.reply, message.header.seqid)))
+            await _send_cached(client, look.reply, message.header.seqid)
             return result_outcome(
                 MessageType.REPLY, look.reply[_body_at(look.reply) :][:3]
             ), "cache"
@@ -192,7 +197,7 @@ class CallHandler:
         if flight is not None:
             shared = await flight
             if shared is not None:
-                await client.send(client.transport.frame(reply_for(shared, message.header.seqid)))
+                await _send_cached(client, shared, message.header.seqid)
                 return result_outcome(MessageType.REPLY, shared[_body_at(shared) :][:3]), "cache"
             return await self._forward(session, message, client, retries=1), "upstream"
         self.cache.lead(plan.key, fp)
@@ -589,6 +594,19 @@ class CallHandler:
         if session.pinned is not None:
             self.pool.discard(session.pinned)
             session.pinned = None
+
+
+async def _send_cached(client: ClientChannel, cached: bytes, seqid: int) -> None:
+    """A cached reply, with the caller's seqid, without copying its body."""
+    at = _body_at(cached)
+    head = cached[:at]
+    await client.send_message(with_seqid(head, _header_of(head), seqid), memoryview(cached)[at:])
+
+
+def _header_of(head: bytes) -> MessageHeader:
+    header = parse_header(head, 0, len(head))
+    assert header is not None
+    return header
 
 
 def _body_at(reply: bytes) -> int:

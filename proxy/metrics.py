@@ -4,14 +4,15 @@ Naming follows https://prometheus.io/docs/practices/naming/: prefix ``hmsproxy_`
 units, counters ending in ``_total``. Labels are bounded: ``method`` is a method of the
 catalog or ``unknown`` (a client can send any name; it must not create series), and no
 database, table or key ever becomes a label. Counters start at zero for every label value
-they can take, so rates work from the first scrape; latency histograms start at zero for the
-cacheable reads (each histogram series costs ~18 lines of exposition, so the rarely used
-methods' histograms appear on first use).
+they can take, so rates work from the first scrape. Latency histograms appear with a
+method's first call: started at zero for every method they would be 19 lines x 2 sources x
+~220 methods, most of them never called, in every scrape.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
@@ -43,10 +44,28 @@ OUTCOMES = ("ok", "user_error", "upstream_error", "internal_error")
 UPSTREAM_OUTCOMES = ("ok", "timeout", "connection_error", "protocol_error")
 SOURCES = ("cache", "upstream")
 LOOKUP_RESULTS = ("hit", "miss", "negative_hit", "bypass")
-CACHE_OPERATIONS = ("get", "set", "delete", "version")
+CACHE_OPERATIONS = ("connect", "get", "set", "delete", "version")
 INVALIDATION_SCOPES = tuple(s.name.lower() for s in catalog.Scope if s.name)
 INVALIDATION_REASONS = ("write", "notification", "admin", "ttl")
 CLIENT_ERRORS = ("protocol", "too_large", "timeout", "bad_message_type")
+
+
+class _Children:
+    """A labelled metric whose children are looked up once: ``labels()`` costs microseconds
+    on every call, and the hit path calls it several times. Label values are bounded (see
+    above), so the memo is too."""
+
+    __slots__ = ("_children", "metric")
+
+    def __init__(self, metric: Any) -> None:
+        self.metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def labels(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.metric.labels(*values)
+        return child
 
 
 def method_label(name: str) -> str:
@@ -59,86 +78,108 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         # ``*_created`` series double the exposition and no dashboard here uses them.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
-            "hmsproxy_requests",
-            "Calls answered to clients, by method and outcome (user_error: a declared HMS "
-            "exception such as NoSuchObjectException)",
-            ["method", "outcome"],
-            registry=r,
+        self.requests = _Children(
+            Counter(
+                "hmsproxy_requests",
+                "Calls answered to clients, by method and outcome (user_error: a declared HMS "
+                "exception such as NoSuchObjectException)",
+                ["method", "outcome"],
+                registry=r,
+            )
         )
-        self.request_duration = Histogram(
-            "hmsproxy_request_duration_seconds",
-            "Time from a complete request to the last byte of its reply, by where it came from",
-            ["method", "source"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+        self.request_duration = _Children(
+            Histogram(
+                "hmsproxy_request_duration_seconds",
+                "Time from a complete request to the last byte of its reply, by where it came from",
+                ["method", "source"],
+                buckets=LATENCY_BUCKETS,
+                registry=r,
+            )
         )
-        self.cache_lookups = Counter(
-            "hmsproxy_cache_lookups",
-            "Cache look-ups of cacheable reads, by result",
-            ["method", "result"],
-            registry=r,
+        self.cache_lookups = _Children(
+            Counter(
+                "hmsproxy_cache_lookups",
+                "Cache look-ups of cacheable reads, by result",
+                ["method", "result"],
+                registry=r,
+            )
         )
-        self.cache_partitions = Counter(
-            "hmsproxy_cache_partitions",
-            "Partitions asked for in get_partitions_by_names, by whether the cache had them "
-            "(found or known to be absent)",
-            ["result"],
-            registry=r,
+        self.cache_partitions = _Children(
+            Counter(
+                "hmsproxy_cache_partitions",
+                "Partitions asked for in get_partitions_by_names, by whether the cache had them "
+                "(found or known to be absent)",
+                ["result"],
+                registry=r,
+            )
         )
-        self.cache_errors = Counter(
-            "hmsproxy_cache_errors",
-            "Cache operations that failed (the call was answered from the HMS)",
-            ["operation"],
-            registry=r,
+        self.cache_errors = _Children(
+            Counter(
+                "hmsproxy_cache_errors",
+                "Cache operations that failed (the call was answered from the HMS)",
+                ["operation"],
+                registry=r,
+            )
         )
-        self.invalidations = Counter(
-            "hmsproxy_invalidations",
-            "Scopes invalidated, by scope and what caused it",
-            ["scope", "reason"],
-            registry=r,
+        self.invalidations = _Children(
+            Counter(
+                "hmsproxy_invalidations",
+                "Scopes invalidated, by scope and what caused it",
+                ["scope", "reason"],
+                registry=r,
+            )
         )
         self.cache_stored_bytes = Counter(
             "hmsproxy_cache_stored_bytes",
             "Bytes written to the cache (after compression)",
             registry=r,
         )
-        self.upstream_requests = Counter(
-            "hmsproxy_upstream_requests",
-            "Calls sent to the Hive Metastore, by outcome of the exchange",
-            ["method", "outcome"],
-            registry=r,
+        self.upstream_requests = _Children(
+            Counter(
+                "hmsproxy_upstream_requests",
+                "Calls sent to the Hive Metastore, by outcome of the exchange",
+                ["method", "outcome"],
+                registry=r,
+            )
         )
-        self.upstream_duration = Histogram(
-            "hmsproxy_upstream_request_duration_seconds",
-            "Time the Hive Metastore took to answer, to the last byte",
-            ["method"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+        self.upstream_duration = _Children(
+            Histogram(
+                "hmsproxy_upstream_request_duration_seconds",
+                "Time the Hive Metastore took to answer, to the last byte",
+                ["method"],
+                buckets=LATENCY_BUCKETS,
+                registry=r,
+            )
         )
-        self.upstream_connections = Gauge(
-            "hmsproxy_upstream_connections",
-            "Connections to the Hive Metastore, by state",
-            ["state"],
-            registry=r,
+        self.upstream_connections = _Children(
+            Gauge(
+                "hmsproxy_upstream_connections",
+                "Connections to the Hive Metastore, by state",
+                ["state"],
+                registry=r,
+            )
         )
-        self.upstream_connects = Counter(
-            "hmsproxy_upstream_connects",
-            "Connection attempts to the Hive Metastore, by result",
-            ["result"],
-            registry=r,
+        self.upstream_connects = _Children(
+            Counter(
+                "hmsproxy_upstream_connects",
+                "Connection attempts to the Hive Metastore, by result",
+                ["result"],
+                registry=r,
+            )
         )
         self.client_connections = Gauge(
             "hmsproxy_client_connections", "Open client connections", registry=r
         )
-        self.client_errors = Counter(
-            "hmsproxy_client_errors",
-            "Client connections closed for bad input, by reason",
-            ["reason"],
-            registry=r,
+        self.client_errors = _Children(
+            Counter(
+                "hmsproxy_client_errors",
+                "Client connections closed for bad input, by reason",
+                ["reason"],
+                registry=r,
+            )
         )
         self.build_info = Gauge(
             "hmsproxy_build_info",
@@ -160,9 +201,6 @@ class Metrics:
         for name in cacheable:
             for result in LOOKUP_RESULTS:
                 self.cache_lookups.labels(name, result)
-            for source in SOURCES:
-                self.request_duration.labels(name, source)
-            self.upstream_duration.labels(name)
         for result in ("hit", "miss"):
             self.cache_partitions.labels(result)
         for op in CACHE_OPERATIONS:

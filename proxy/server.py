@@ -30,6 +30,8 @@ from proxy.wire.framing import MessageReader, Transport
 log = logging.getLogger(__name__)
 
 READ_SIZE = 64 * 1024
+WRITE_SLICE = 1 << 20
+SMALL_MESSAGE = 64 * 1024
 
 
 class ClientConnection:
@@ -42,6 +44,23 @@ class ClientConnection:
     async def send(self, data: bytes) -> None:
         self.writer.write(data)
         await self.writer.drain()
+
+    async def send_message(self, head: bytes, rest: memoryview) -> None:
+        """A message given as a head and a view of the rest, written without joining them
+        and in slices, so a 100 MB cached reply is neither copied nor buffered whole (asyncio
+        moves a transport's whole pending buffer on every partial send)."""
+        writer = self.writer
+        if self.transport is Transport.FRAMED:
+            head = self.transport.prefix(len(head) + len(rest)) + head
+        if len(rest) <= SMALL_MESSAGE:  # one write, one system call
+            writer.write(head + rest)
+            await writer.drain()
+            return
+        writer.write(head)
+        for at in range(0, len(rest), WRITE_SLICE):
+            writer.write(rest[at : at + WRITE_SLICE])
+            await writer.drain()
+        await writer.drain()
 
 
 class ThriftServer:
@@ -75,6 +94,9 @@ class ThriftServer:
         if self.stopping:
             writer.close()
             return
+        # Keep up to a slice queued while the socket drains, so big replies never wait for
+        # an empty buffer before the next slice is handed over.
+        writer.transport.set_write_buffer_limits(high=WRITE_SLICE, low=WRITE_SLICE // 4)
         session = _Session(self, reader, writer)
         task = asyncio.current_task()
         assert task is not None

@@ -35,7 +35,7 @@ from proxy.cache.plan import Bump, PartitionPlan, Planner, ReadPlan, VersionRef,
 from proxy.cache.store import CacheUnavailable, Store
 from proxy.catalog import MethodSpec
 from proxy.metrics import Metrics
-from proxy.wire.binary import MessageType, with_seqid
+from proxy.wire.binary import MessageType
 from proxy.wire.errors import ProtocolError
 from proxy.wire.framing import Message
 
@@ -201,10 +201,9 @@ class CacheEngine:
             if front.fingerprint == fp:
                 return self._hit(front.entry)
             return Lookup(Result.MISS, values=values)
-        stored = found.get(plan.key)
-        if stored is None:
+        value = found.get(plan.key)
+        if value is None:
             return Lookup(Result.MISS, values=values)
-        value, ttl = stored
         try:
             entry = codec.decode(value, await self._dictionary_for(value, plan.tag))
         except codec.EntryError:
@@ -212,7 +211,7 @@ class CacheEngine:
         if entry.fingerprint != fp:
             return Lookup(Result.MISS, values=values)
         if self._l1 is not None:
-            self._l1.put(plan.key, fp, entry, ttl)
+            self._l1.put(plan.key, fp, entry, entry.ttl)
         return self._hit(entry)
 
     @staticmethod
@@ -250,11 +249,12 @@ class CacheEngine:
         if how is None:
             return False
         flags, ttl = how
-        stored = codec.encode(fp, flags, reply.data, compress=self.store.compress)
+        stored = codec.encode(fp, flags, reply.data, ttl, compress=self.store.compress)
         try:
             await self.store.save([(plan.key, stored, ttl)], sorted({r.key for r in plan.refs}))
         except CacheUnavailable:
             return False
+        self.metrics.cache_stored_bytes.inc(len(stored))
         if self._l1 is not None:
             self._l1.put(plan.key, fp, codec.Entry(fp, flags, reply.data), ttl)
         return True
@@ -285,38 +285,47 @@ class CacheEngine:
         if self._pending and not await self._apply_pending():
             return PartitionLookup(Result.BYPASS)
         key = self.naming.versions(pp.tag)
-        fields = [EPOCH, "pgen", "partset", *(partition_field(v) for v in pp.values)]
-        entry_keys = [self.naming.partition_entry(pp.tag, pp.variant, v) for v in pp.values]
+        fields = [EPOCH, "pgen", "partset", *pp.fields]
+        entry_keys = pp.entry_keys
+        l1 = self._l1
+        fronts = {k: e for k in entry_keys if l1 is not None and (e := l1.get(k)) is not None}
         try:
-            versions, found = await self.store.lookup({key: fields}, entry_keys)
+            versions, found = await self.store.lookup(
+                {key: fields}, [k for k in entry_keys if k not in fronts]
+            )
         except CacheUnavailable:
             return PartitionLookup(Result.BYPASS)
         current = versions[key]
         out = PartitionLookup(Result.MISS, versions=current)
         if current.get(EPOCH) is None:
             return out
-        needed = {codec.dictionary_id(f[0]) for f in found.values() if f is not None} - {None}
+        needed = {codec.dictionary_id(v) for v in found.values() if v is not None} - {None}
         await self._load_dictionaries(
             pp.tag, [d for d in needed if d is not None and d not in self._dicts]
         )
-        for values, ekey in zip(pp.values, entry_keys, strict=True):
-            stored = found.get(ekey)
-            if stored is None:
-                continue
-            try:
-                entry = codec.decode(
-                    stored[0], self._dicts.get(codec.dictionary_id(stored[0]) or b"")
-                )
-            except codec.EntryError:
-                continue
-            pf = current.get(partition_field(values))
+        epoch, pgen, partset = current[EPOCH], current.get("pgen"), current.get("partset")
+        for values, ekey, version_field in zip(pp.values, entry_keys, pp.fields, strict=True):
+            front = fronts.get(ekey)
+            if front is not None:
+                entry = front.entry
+            else:
+                value = found.get(ekey)
+                if value is None:
+                    continue
+                try:
+                    entry = codec.decode(value, self._dicts.get(codec.dictionary_id(value) or b""))
+                except codec.EntryError:
+                    continue
+            pf = current.get(version_field)
             if entry.absent:
-                if entry.fingerprint == codec.fingerprint(
-                    [current[EPOCH], current.get("partset"), pf]
-                ):
+                if entry.fingerprint == codec.fingerprint([epoch, partset, pf]):
                     out.known[values] = None
-            elif entry.fingerprint == codec.fingerprint([current[EPOCH], current.get("pgen"), pf]):
+            elif entry.fingerprint == codec.fingerprint([epoch, pgen, pf]):
                 out.known[values] = entry.payload
+            else:
+                continue
+            if front is None and l1 is not None:
+                l1.put(ekey, entry.fingerprint, entry, entry.ttl)
         if len(out.known) == len(pp.values):
             out.result = Result.HIT
         return out
@@ -352,13 +361,22 @@ class CacheEngine:
             ekey = self.naming.partition_entry(pp.tag, pp.variant, values)
             if values in got:
                 fp = codec.fingerprint([versions[EPOCH], versions.get("pgen"), pf])
+                entry = codec.Entry(fp, 0, got[values])
                 value = codec.encode(
-                    fp, 0, got[values], compress=self.store.compress, dictionary=dictionary
+                    fp,
+                    0,
+                    got[values],
+                    plan.ttl,
+                    compress=self.store.compress,
+                    dictionary=dictionary,
                 )
             else:
                 fp = codec.fingerprint([versions[EPOCH], versions.get("partset"), pf])
-                value = codec.encode(fp, codec.ABSENT, b"", compress=False)
+                entry = codec.Entry(fp, codec.ABSENT, b"")
+                value = codec.encode(fp, codec.ABSENT, b"", plan.ttl, compress=False)
             items.append((ekey, value, plan.ttl))
+            if self._l1 is not None:
+                self._l1.put(ekey, fp, entry, plan.ttl)
         touch = [self.naming.versions(pp.tag)]
         if dictionary is not None and self.store.compress:
             dkey = self.naming.dictionary(pp.tag, dictionary[0].hex())
@@ -367,6 +385,7 @@ class CacheEngine:
             await self.store.save(items, touch)
         except CacheUnavailable:
             return
+        self.metrics.cache_stored_bytes.inc(sum(len(value) for _, value, _ in items))
 
     def _table_dictionary(self, tag: str, sample: bytes | None) -> tuple[bytes, bytes] | None:
         if not self.store.compress:
@@ -479,12 +498,3 @@ class CacheEngine:
             self._l1.clear()
         self._table_dicts.clear()
         return await self.store.flush(self.naming.pattern)
-
-
-def reply_for(cached: bytes, seqid: int) -> bytes:
-    """A cached reply message, addressed to this caller (only the seqid differs)."""
-    from proxy.wire.binary import parse_header
-
-    header = parse_header(cached, 0, len(cached))
-    assert header is not None
-    return with_seqid(cached, header, seqid)

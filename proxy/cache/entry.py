@@ -1,8 +1,10 @@
 """How a cached reply is stored: a fingerprint of its versions, flags, and the bytes (pure).
 
-Layout: ``magic(1) flags(1) fingerprint(16) [dictionary id(8)] payload``. The fingerprint
-is a digest of the version values the entry was filled under, in plan order; a reader
-computes it from the current values and serves the entry only on equality.
+Layout: ``magic(1) flags(1) expires(4) fingerprint(16) [dictionary id(8)] payload``. The
+fingerprint is a digest of the version values the entry was filled under, in plan order; a
+reader computes it from the current values and serves the entry only on equality. ``expires``
+(Unix seconds) lets a proxy keep a decoded copy no longer than Redis keeps the entry, without
+asking Redis for its TTL.
 
 Payloads above a few hundred bytes are zlib-compressed. Partition objects are compressed
 against a per-table dictionary (another partition of the same table), because what makes a
@@ -13,6 +15,8 @@ cannot see that repetition inside one partition alone.
 from __future__ import annotations
 
 import hashlib
+import struct
+import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +26,8 @@ NEGATIVE = 1  # a cached NoSuchObjectException
 COMPRESSED = 2
 DICTIONARY = 4
 ABSENT = 8  # a partition the HMS does not have
-HEADER = 18
+HEADER = 22
+_EXPIRES = struct.Struct(">I")
 DICT_ID = 8
 COMPRESS_ABOVE = 200
 # Level 1 costs a third of level 6 and loses little on Thrift; large replies are compressed
@@ -46,6 +51,12 @@ class Entry:
     fingerprint: bytes
     flags: int
     payload: bytes  # the reply message (or the partition struct), uncompressed
+    expires_at: float = 0.0  # Unix time
+
+    @property
+    def ttl(self) -> float:
+        """Seconds left to live."""
+        return self.expires_at - time.time()
 
     @property
     def negative(self) -> bool:
@@ -60,12 +71,14 @@ def encode(
     fp: bytes,
     flags: int,
     payload: bytes,
+    ttl: float,
     *,
     compress: bool = True,
     dictionary: tuple[bytes, bytes] | None = None,
 ) -> bytes:
     """``dictionary``: (id, bytes) to compress against."""
     flags &= NEGATIVE | ABSENT
+    expires = _EXPIRES.pack(int(time.time() + ttl))
     head = b""
     if compress and len(payload) > COMPRESS_ABOVE:
         if dictionary is not None:
@@ -83,7 +96,7 @@ def encode(
             body, head = payload, b""
     else:
         body = payload
-    return bytes((MAGIC, flags)) + fp + head + body
+    return bytes((MAGIC, flags)) + expires + fp + head + body
 
 
 class EntryError(ValueError):
@@ -101,7 +114,8 @@ def decode(value: bytes, zdict: bytes | None = None) -> Entry:
     if len(value) < HEADER or value[0] != MAGIC:
         raise EntryError("not a cache entry")
     flags = value[1]
-    fp = value[2:HEADER]
+    (expires,) = _EXPIRES.unpack_from(value, 2)
+    fp = value[6:HEADER]
     body = value[HEADER:]
     try:
         if flags & DICTIONARY:
@@ -113,7 +127,7 @@ def decode(value: bytes, zdict: bytes | None = None) -> Entry:
             body = zlib.decompress(body, -15)
     except zlib.error as exc:
         raise EntryError(str(exc)) from exc
-    return Entry(fp, flags & (NEGATIVE | ABSENT), body)
+    return Entry(fp, flags & (NEGATIVE | ABSENT), body, float(expires))
 
 
 def new_dictionary(sample: bytes) -> tuple[bytes, bytes]:

@@ -90,6 +90,8 @@ class PartitionPlan:
     variant: str  # what else shapes a partition's bytes (method, other arguments, identity)
     names_path: tuple[int, ...]  # field ids leading to the names list in the arguments
     refs_common: tuple[VersionRef, ...]  # epoch, pgen, partset
+    fields: tuple[str, ...] = ()  # the version field of each partition, as ``values``
+    entry_keys: tuple[str, ...] = ()  # where each partition is stored, as ``values``
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,18 +272,21 @@ class Planner:
             return None
         tag = table.tag
         key = self.naming.versions(tag)
+        variant = digest(spec.name, other, who)
         return PartitionPlan(
             table=table,
             tag=tag,
             names=tuple(distinct),
             values=values,
-            variant=digest(spec.name, other, who),
+            variant=variant,
             names_path=names_path,
             refs_common=(
                 VersionRef(key, EPOCH),
                 VersionRef(key, "pgen"),
                 VersionRef(key, "partset"),
             ),
+            fields=tuple(partition_field(v) for v in values),
+            entry_keys=tuple(self.naming.partition_entry(tag, variant, v) for v in values),
         )
 
     # -- writes ----------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The shared store: Redis or Redis Cluster, fail-open.
 
-* **One round trip per hit.** Look-ups issued in the same turn of the event loop (64 busy
-  clients make many) are sent as one pipeline; a hit needs one look-up. On Redis Cluster the
-  pipeline is split per node by redis-py and the parts go out together.
+* **One round trip per hit.** A hit needs one look-up (HMGET of the versions, MGET of the
+  entries), sent over the lean pipelined connection of :mod:`proxy.cache.resp`; concurrent
+  look-ups share it. On Redis Cluster each command goes to its slot's node.
 * **Fail open.** Every operation has a short deadline (``--redis-timeout``). A failure opens a
   breaker: for a backoff period (exponential, jittered) every operation fails at once
   without touching the network, and the engine answers from the HMS; then one attempt is
@@ -24,6 +24,7 @@ import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
+from proxy.cache import resp
 from proxy.cache.keys import EPOCH
 from proxy.cache.plan import Bump
 from proxy.cache.store import CacheUnavailable, Found, Versions, new_epoch
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 
 # One command for a pipeline: (method name, positional arguments, keyword arguments).
 Op = tuple[str, tuple[Any, ...], dict[str, Any]]
+
+# Seconds a background connection attempt may take (TLS and cluster discovery included).
+CONNECT_BUDGET = 5.0
 
 
 def op(name: str, *args: Any, **kwargs: Any) -> Op:
@@ -60,46 +64,82 @@ class RedisStore:
         self.mode = mode
         self.backoff = backoff or Backoff(base=0.2, cap=5.0)
         self._client: Any = None
-        self._connecting: asyncio.Lock | None = None
-        self._queue: list[tuple[list[Op], asyncio.Future[list[Any]]]] = []
-        self._flush_scheduled = False
+        self._connect_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._conn_kwargs: dict[str, Any] = {}
+        self._fast: dict[tuple[str, int] | str, resp.RespConnection] = {}
         self.cluster = False
 
     # -- connection and breaker ------------------------------------------------------------
+    #
+    # No call ever waits for a connection to be made: while there is none, operations fail
+    # at once (the call goes to the metastore) and a background task connects. A Redis that
+    # accepts connections but does not answer (stopped, overloaded) costs callers nothing
+    # but the cache.
 
-    async def _connected(self) -> Any:
+    async def connect(self, wait: float) -> bool:
+        """Start connecting, and wait up to ``wait`` seconds for it (at start-up)."""
+        self._start_connecting()
+        task = self._connect_task
+        if task is not None:
+            with contextlib.suppress(TimeoutError, Exception):
+                async with asyncio.timeout(wait):
+                    await asyncio.shield(task)
+        return self._client is not None
+
+    def _ready_client(self) -> Any:
         if self._client is not None:
             return self._client
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:
-            if self._client is not None:
-                return self._client
-            limit = max(self.timeout, 1.0)
-            plain = aredis.Redis.from_url(
-                self.url, socket_timeout=limit, socket_connect_timeout=limit
-            )
-            cluster = self.mode == "cluster"
-            if self.mode == "auto":
-                async with asyncio.timeout(max(self.timeout, 1.0)):
+        self._start_connecting()
+        raise CacheUnavailable("connecting to redis")
+
+    def _start_connecting(self) -> None:
+        if self._connect_task is None or self._connect_task.done():
+            self._connect_task = asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        limit = max(self.timeout, 1.0)
+        plain = aredis.Redis.from_url(self.url, socket_timeout=limit, socket_connect_timeout=limit)
+        kwargs = dict(plain.connection_pool.connection_kwargs)
+        kwargs["connection_class_name"] = plain.connection_pool.connection_class.__name__
+        client: Any = plain
+        try:
+            async with asyncio.timeout(CONNECT_BUDGET):
+                cluster = self.mode == "cluster"
+                if self.mode == "auto":
                     info = await plain.info("cluster")
-                cluster = bool(info.get("cluster_enabled"))
-            if cluster:
-                await plain.aclose()
-                self._client = RedisCluster.from_url(
-                    self.url, socket_timeout=limit, socket_connect_timeout=limit
-                )
-                async with asyncio.timeout(max(self.timeout * 10, 2.0)):
-                    await self._client.initialize()
-            else:
-                self._client = plain
-            self.cluster = cluster
-            log.info(
-                "cache: connected to %s Redis at %s",
-                "cluster" if cluster else "single",
-                self._safe_url,
-            )
-            return self._client
+                    cluster = bool(info.get("cluster_enabled"))
+                if cluster:
+                    await plain.aclose()
+                    client = RedisCluster.from_url(
+                        self.url, socket_timeout=limit, socket_connect_timeout=limit
+                    )
+                    await client.initialize()
+                    places: list[tuple[str, int] | str] = [
+                        (n.host, n.port) for n in client.get_primaries()
+                    ]
+                else:
+                    places = ["single"]
+                self._conn_kwargs = kwargs
+                fast: dict[tuple[str, int] | str, resp.RespConnection] = {
+                    where: await self._open_fast(where) for where in places
+                }
+        except (RedisError, OSError, TimeoutError, resp.RespError) as exc:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+            self._failed("connect", exc)
+            return
+        self._client, self._fast, self.cluster = client, fast, cluster
+        log.info(
+            "cache: connected to %s Redis at %s", "cluster" if cluster else "single", self._safe_url
+        )
+
+    async def _open_fast(self, where: tuple[str, int] | str) -> resp.RespConnection:
+        kwargs = dict(self._conn_kwargs)
+        if isinstance(where, tuple):
+            kwargs["host"], kwargs["port"] = where
+            kwargs.pop("path", None)
+        return await resp.open_connection(kwargs, max(self.timeout, 1.0))
 
     @property
     def _safe_url(self) -> str:
@@ -115,8 +155,8 @@ class RedisStore:
         """Run ``ops`` in one pipeline within the deadline; raises CacheUnavailable."""
         if not self.backoff.ready():
             raise CacheUnavailable("redis backing off after errors")
+        client = self._ready_client()
         try:
-            client = await self._connected()
             async with asyncio.timeout(self.timeout):
                 pipe = client.pipeline(transaction=False)
                 for name, args, kwargs in ops:
@@ -152,61 +192,84 @@ class RedisStore:
         if client is not None:
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().create_task(client.aclose())
+        for conn in self._fast.values():
+            conn.close()
+        self._fast.clear()
 
-    # -- batching of look-ups --------------------------------------------------------------
+    # -- the hit path: look-ups over lean connections -----------------------------------------
 
-    async def _batched(self, ops: list[Op]) -> list[Any]:
-        """Queue ``ops``; everything queued in this loop turn goes out as one pipeline."""
-        if not self.backoff.ready():
-            raise CacheUnavailable("redis backing off after errors")
-        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        self._queue.append((ops, future))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._start_flush)
-        return await future
+    def _fast_connection(self, where: tuple[str, int] | str) -> resp.RespConnection:
+        """The lean connection to ``where``; if it is gone, reconnect in the background."""
+        conn = self._fast.get(where)
+        if conn is None or conn.closed:
+            self._fast.pop(where, None)
+            task = asyncio.get_running_loop().create_task(self._reopen_fast(where))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            raise CacheUnavailable("reconnecting to redis")
+        return conn
 
-    def _start_flush(self) -> None:
-        self._flush_scheduled = False
-        batch, self._queue = self._queue, []
-        asyncio.get_running_loop().create_task(self._flush(batch))
-
-    async def _flush(self, batch: list[tuple[list[Op], asyncio.Future[list[Any]]]]) -> None:
-        ops = [op for item_ops, _ in batch for op in item_ops]
+    async def _reopen_fast(self, where: tuple[str, int] | str) -> None:
         try:
-            results = await self._run("get", ops)
-        except CacheUnavailable as exc:
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(CacheUnavailable(str(exc)))
-            return
-        at = 0
-        for item_ops, future in batch:
-            if not future.done():
-                future.set_result(results[at : at + len(item_ops)])
-            at += len(item_ops)
+            self._fast[where] = await self._open_fast(where)
+        except (OSError, TimeoutError, resp.RespError) as exc:
+            self._failed("connect", exc)
+
+    async def _lookup_commands(self, commands: list[resp.Command]) -> list[Any]:
+        """Send look-up commands (each to its node) and wait for all replies."""
+        client = self._ready_client()
+        futures: list[asyncio.Future[Any]]
+        if not self.cluster:
+            conn = self._fast_connection("single")
+            futures = conn.send(commands)
+        else:
+            by_node: dict[tuple[str, int], list[int]] = {}
+            for i, command in enumerate(commands):
+                node = client.nodes_manager.get_node_from_slot(resp.key_slot(str(command[1])))
+                by_node.setdefault((node.host, node.port), []).append(i)
+            slots: dict[int, asyncio.Future[Any]] = {}
+            for where, indexes in by_node.items():
+                conn = self._fast_connection(where)
+                sent = conn.send([commands[i] for i in indexes])
+                slots.update(zip(indexes, sent, strict=True))
+            futures = [slots[i] for i in range(len(commands))]
+        async with asyncio.timeout(self.timeout):
+            return [await f for f in futures]
 
     # -- the Store interface ---------------------------------------------------------------
 
     async def lookup(
         self, versions: Mapping[str, Sequence[str]], entries: Sequence[str]
     ) -> tuple[Versions, Found]:
-        ops: list[Op] = []
+        if not self.backoff.ready():
+            raise CacheUnavailable("redis backing off after errors")
         order = list(versions.items())
-        for key, names in order:
-            ops.append(op("hmget", key, list(names)))
-        for key in entries:
-            ops.append(op("get", key))
-            ops.append(op("pttl", key))
-        results = await self._batched(ops)
+        commands: list[resp.Command] = [("HMGET", key, *names) for key, names in order]
+        if entries:  # the entries of one plan share its hash tag: one MGET works on a cluster
+            commands.append(("MGET", *entries))
+        try:
+            results = await self._lookup_commands(commands)
+        except (resp.Disconnected, OSError, TimeoutError, RedisError) as exc:
+            self._failed("get", exc)
+            raise CacheUnavailable(str(exc) or type(exc).__name__) from exc
+        errors = [r for r in results if isinstance(r, resp.RespError)]
+        if errors:
+            text = str(errors[0])
+            if text.startswith(("MOVED", "ASK")) and self._client is not None:
+                # Slots moved (resharding, failover): refresh the map; this call misses.
+                refresh = asyncio.get_running_loop().create_task(self._refresh_slots())
+                self._tasks.add(refresh)
+                refresh.add_done_callback(self._tasks.discard)
+            else:
+                self._failed("get", errors[0])
+            raise CacheUnavailable(text)
+        if self.backoff.failures:
+            log.info("cache: redis is answering again")
+        self.backoff.succeeded()
         got: Versions = {}
         for (key, names), values in zip(order, results, strict=False):
             got[key] = dict(zip(names, values, strict=True))
-        found: Found = {}
-        rest = results[len(order) :]
-        for i, key in enumerate(entries):
-            value, pttl = rest[2 * i], rest[2 * i + 1]
-            found[key] = (value, pttl / 1000.0) if value is not None and pttl > 0 else None
+        found: Found = dict(zip(entries, results[len(order)] if entries else [], strict=True))
         return got, found
 
     async def ensure_epochs(self, keys: Sequence[str]) -> dict[str, bytes]:
@@ -225,7 +288,6 @@ class RedisStore:
         for key in touch:
             ops.append(op("expire", key, self.version_ttl))
         await self._run("set", ops)
-        self.metrics.cache_stored_bytes.inc(sum(len(v) for _, v, _ in entries))
 
     async def bump(self, bumps: Sequence[Bump]) -> None:
         ops: list[Op] = []
@@ -245,14 +307,14 @@ class RedisStore:
             await self._run("delete", [op("delete", k) for k in keys])
 
     async def get(self, key: str) -> bytes | None:
-        value: bytes | None = (await self._batched([op("get", key)]))[0]
+        value: bytes | None = (await self._run("get", [op("get", key)]))[0]
         return value
 
     async def add(self, key: str, value: bytes, ttl: float) -> None:
         await self._run("set", [op("set", key, value, px=int(ttl * 1000), nx=True)])
 
     async def flush(self, pattern: str = "") -> int:
-        client = await self._connected()
+        client = self._ready_client()
         removed = 0
         try:
             async with asyncio.timeout(max(self.timeout, 30.0)):
@@ -279,14 +341,23 @@ class RedisStore:
 
     async def ping(self) -> bool:
         try:
-            client = await self._connected()
+            client = self._ready_client()
             async with asyncio.timeout(max(self.timeout, 1.0)):
                 await client.ping()
-        except (RedisError, OSError, TimeoutError):
+        except (RedisError, OSError, TimeoutError, CacheUnavailable):
             return False
         return True
 
+    async def _refresh_slots(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._client.nodes_manager.initialize()
+
     async def close(self) -> None:
+        if self._connect_task is not None and not self._connect_task.done():
+            self._connect_task.cancel()
+        for conn in self._fast.values():
+            conn.close()
+        self._fast.clear()
         if self._client is not None:
             with contextlib.suppress(Exception):
                 await self._client.aclose()

@@ -31,8 +31,8 @@ class CacheUnavailable(Exception):
 
 
 Versions = dict[str, dict[str, bytes | None]]
-# An entry's stored value and the seconds it has left to live (None: not there).
-Found = dict[str, tuple[bytes, float] | None]
+# Stored values by key (None: not there).
+Found = dict[str, bytes | None]
 
 
 def new_epoch() -> bytes:
@@ -59,6 +59,8 @@ class Store(Protocol):
     async def add(self, key: str, value: bytes, ttl: float) -> None: ...
 
     async def flush(self, pattern: str) -> int: ...
+
+    async def connect(self, wait: float) -> bool: ...
 
     async def ping(self) -> bool: ...
 
@@ -109,7 +111,7 @@ class MemoryStore:
                 values[key] = None
             else:
                 self._entries.move_to_end(key)
-                values[key] = (item[0], item[1] - now)
+                values[key] = item[0]
         return got, values
 
     async def ensure_epochs(self, keys: Sequence[str]) -> dict[str, bytes]:
@@ -158,8 +160,7 @@ class MemoryStore:
                 fields[b.field] = str(int(fields.get(b.field) or 0) + 1).encode()
 
     async def get(self, key: str) -> bytes | None:
-        found = (await self.lookup({}, [key]))[1][key]
-        return found[0] if found else None
+        return (await self.lookup({}, [key]))[1][key]
 
     async def add(self, key: str, value: bytes, ttl: float) -> None:
         if key not in self._entries:
@@ -171,6 +172,9 @@ class MemoryStore:
         self._versions.clear()
         self._bytes = 0
         return count
+
+    async def connect(self, wait: float) -> bool:
+        return True
 
     async def ping(self) -> bool:
         return True

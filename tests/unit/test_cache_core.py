@@ -292,8 +292,9 @@ def test_state_only_writes_invalidate_nothing() -> None:
 def test_entries_round_trip(payload: bytes, flags: int) -> None:
     fp = codec.fingerprint([b"1", None, b"x"])
     for compress in (True, False):
-        got = codec.decode(codec.encode(fp, flags, payload, compress=compress))
+        got = codec.decode(codec.encode(fp, flags, payload, 60, compress=compress))
         assert (got.fingerprint, got.flags, got.payload) == (fp, flags, payload)
+        assert 58 < got.ttl <= 60
 
 
 def test_fingerprints_see_every_version() -> None:
@@ -339,7 +340,7 @@ def test_partitions_compress_against_their_table_dictionary() -> None:
     fp = codec.fingerprint([b"1"])
     dictionary = codec.new_dictionary(_partition(1))
     raw = [_partition(i) for i in range(2, 30)]
-    stored = [codec.encode(fp, 0, p, dictionary=dictionary) for p in raw]
+    stored = [codec.encode(fp, 0, p, 60, dictionary=dictionary) for p in raw]
     assert sum(map(len, stored)) <= 0.25 * sum(map(len, raw))
     assert codec.decode(stored[0], dictionary[1]).payload == raw[0]
     assert codec.dictionary_id(stored[0]) == dictionary[0]
