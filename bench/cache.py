@@ -126,11 +126,13 @@ def main() -> None:
             results[name] = (d, c, size)
             rows.append(
                 f"| {name} | {size:,} | {p50(d) * 1000:.3f} | {p50(c) * 1000:.3f} | "
-                f"{p50(d) / p50(c):.1f}x | {percentile(d, 0.99) * 1000:.2f} | {percentile(c, 0.99) * 1000:.2f} |"
+                f"{p50(d) / p50(c):.1f}x | {percentile(d, 0.99) * 1000:.2f} | "
+                f"{percentile(c, 0.99) * 1000:.2f} |"
             )
         print(f"\nstore: {args.store}\n")
         print(
-            "| call | reply bytes | direct p50 ms | hit p50 ms | hit speed-up | direct p99 ms | hit p99 ms |"
+            "| call | reply bytes | direct p50 ms | hit p50 ms | hit speed-up"
+            " | direct p99 ms | hit p99 ms |"
         )
         print("|---|---:|---:|---:|---:|---:|---:|")
         print("\n".join(rows))
@@ -146,15 +148,17 @@ def main() -> None:
             hit = p50(results["get_table"][1])
             print(
                 f"\nget_table hit p50 {hit * 1000:.3f} ms vs raw Redis GET of the same value "
-                f"(redis-py, {r.strlen(key)} bytes) p50 {p50(floor) * 1000:.3f} ms: {hit / p50(floor):.2f}x the floor"
+                f"(redis-py, {r.strlen(key)} bytes) p50 {p50(floor) * 1000:.3f} ms: "
+                f"{hit / p50(floor):.2f}x the floor"
             )
             part_sizes = [r.strlen(k) for k in r.scan_iter(match="*:p:*")]
             memory = [r.memory_usage(k) or 0 for k in r.scan_iter(match="*:p:*")]
             thrift_bytes = (results["get_partitions_by_names (100)"][2] - 40) / 100
             stored = statistics.mean(part_sizes)
             print(
-                f"Redis bytes per cached partition: {stored:.0f} stored ({stored / thrift_bytes:.1%} of its "
-                f"{thrift_bytes:.0f} Thrift bytes), {statistics.mean(memory):.0f} with Redis's own overhead"
+                f"Redis bytes per cached partition: {stored:.0f} stored "
+                f"({stored / thrift_bytes:.1%} of its {thrift_bytes:.0f} Thrift bytes), "
+                f"{statistics.mean(memory):.0f} with Redis's own overhead"
             )
             r.close()
 
