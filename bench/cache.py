@@ -22,7 +22,9 @@ from bench.common import (
     BENCH_DB,
     WIDE_TABLE,
     TimedConnection,
+    asyncio_echo_floor,
     ensure_wide_table,
+    loopback_transfer_floor,
     p50,
     percentile,
     start_metastore,
@@ -162,6 +164,13 @@ def main() -> None:
             )
             r.close()
 
+        echo = asyncio_echo_floor()
+        big = results[cases[2][0]][2]
+        print(
+            f"\nfloors on this machine: a do-nothing Python asyncio echo round trip p50 "
+            f"{echo * 1000:.3f} ms; receiving {big:,} bytes over loopback p50 "
+            f"{loopback_transfer_floor(big) * 1000:.2f} ms"
+        )
         request, (d, c, length) = cases[0][1], results["get_table"]
         calls, latencies = asyncio.run(
             load(proxy.port, request, length, args.connections, args.seconds)

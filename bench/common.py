@@ -126,3 +126,71 @@ def percentile(samples: list[float], q: float) -> float:
 
 def p50(samples: list[float]) -> float:
     return statistics.median(samples)
+
+
+ECHO_SERVER = """
+import asyncio, socket, sys
+class Echo(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport = transport
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def data_received(self, data):
+        self.transport.write(data)
+async def main():
+    server = await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.sleep(3600)
+asyncio.run(main())
+"""
+
+
+def asyncio_echo_floor(runs: int = 3000) -> float:
+    """p50 of a 100-byte round trip through a do-nothing asyncio echo server in another
+    process on loopback: the least any Python asyncio proxy hop can cost on this machine."""
+    import subprocess
+    import sys
+
+    server = subprocess.Popen(
+        [sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        times = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            sock.sendall(b"x" * 100)
+            got = 0
+            while got < 100:
+                got += len(sock.recv(100))
+            times.append(time.perf_counter() - started)
+        sock.close()
+    finally:
+        server.kill()
+        server.wait()
+    return p50(times)
+
+
+def loopback_transfer_floor(size: int, runs: int = 20) -> float:
+    """p50 time for this process to receive ``size`` bytes a plain socket sends at once."""
+    import threading
+
+    data = b"x" * size
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        while conn.recv(16):
+            conn.sendall(data)
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    client = TimedConnection(server.getsockname()[1])
+    times = [client.timed(b"go", size) for _ in range(runs)]
+    client.close()
+    server.close()
+    return p50(times)
