@@ -8,12 +8,15 @@ import logging
 import signal
 from dataclasses import dataclass
 
+from proxy.admin.server import AdminServer
+from proxy.admin.service import AdminService
 from proxy.cache.engine import CacheEngine
 from proxy.cache.keys import Naming
 from proxy.cache.plan import Planner, Ttls
 from proxy.cache.redis_store import RedisStore
 from proxy.cache.store import MemoryStore, Store
 from proxy.config import Options
+from proxy.follower import NotificationFollower
 from proxy.handler import CallHandler
 from proxy.http import MetricsServer
 from proxy.metrics import Metrics
@@ -32,6 +35,8 @@ class Proxy:
     http: MetricsServer
 
     cache: CacheEngine | None
+    follower: NotificationFollower | None
+    admin: AdminServer | None = None
 
     @classmethod
     def build(cls, options: Options, metrics: Metrics | None = None) -> Proxy:
@@ -39,29 +44,63 @@ class Proxy:
         pool = UpstreamPool(options, metrics)
         cache = build_cache(options, metrics) if options.cache == "on" else None
         handler = CallHandler(options, pool, metrics, cache)
-        return cls(
+        follower = None
+        if cache is not None and options.notifications != "off":
+            follower = NotificationFollower(options, cache, pool, metrics)
+        proxy = cls(
             options,
             metrics,
             pool,
             ThriftServer(options, handler, metrics),
             MetricsServer(options.metrics_listen, metrics),
             cache,
+            follower,
         )
+        service = AdminService(handler, cache, metrics, follower)
+        proxy.admin = AdminServer(options, service, proxy.readiness_checks)
+        return proxy
+
+    async def readiness_checks(self) -> dict[str, bool]:
+        checks = {
+            "listening": self.thrift.listening,
+            "metastore": await self.pool.probe(),
+        }
+        if self.cache is not None and self.options.redis:
+            redis_ok = await self.cache.store.ping()
+            self.metrics.cache_available.set(1 if redis_ok else 0)
+            checks["redis"] = redis_ok or self.options.ready_without_redis == "on"
+        return checks
 
     async def start(self) -> None:
         await self.http.start()
         if self.cache is not None and not await self.cache.store.connect(wait=3.0):
             log.warning("cache: Redis not reachable yet; serving from the metastore meanwhile")
+        if self.follower is not None:
+            # A first poll before serving: if this cache has never been followed, it is
+            # flushed now, not under the first clients' feet.
+            await self.follower.first_poll(wait=5.0)
         await self.thrift.start()
+        if self.admin is not None:
+            await self.admin.start()
+            await self.admin.check()
+        if self.follower is not None:
+            self.follower.start()
         log.info(
-            "hms-cache-proxy listening on %s (metrics on %s), metastore %s",
+            "hms-cache-proxy listening on %s (metrics on %s, admin on %s), metastore %s",
             self.options.listen,
             self.options.metrics_listen,
+            self.options.admin_listen,
             ", ".join(str(e) for e in self.options.upstream),
         )
 
     async def stop(self) -> None:
+        if self.admin is not None:
+            await self.admin.not_ready()
+        if self.follower is not None:
+            await self.follower.stop()
         await self.thrift.stop(self.options.drain_timeout)
+        if self.admin is not None:
+            await self.admin.stop()
         await self.pool.close()
         if self.cache is not None:
             await self.cache.store.close()
@@ -102,6 +141,8 @@ def build_cache(options: Options, metrics: Metrics) -> CacheEngine:
         metrics,
         l1_bytes=options.memory_cache_bytes,
         max_entry_bytes=options.cache_max_entry_bytes,
+        write_fence=options.write_fence_seconds,
+        stale_window=options.stale_if_error,
     )
 
 

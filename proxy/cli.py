@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
             metavar=f.metadata["metavar"] or None,
             help=f"{f.metadata['help']} (default: {default})",
         )
+    from proxy.admin.cli import add_commands
+
+    add_commands(commands)
     return parser
 
 
@@ -63,7 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
-    return 2  # pragma: no cover - argparse rejects unknown commands
+    from proxy.admin.cli import run
+
+    return run(args)
 
 
 def _serve(args: argparse.Namespace) -> int:

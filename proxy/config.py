@@ -100,6 +100,29 @@ def parse_seconds(text: Any) -> float:
     return value
 
 
+def parse_non_negative_seconds(text: Any) -> float:
+    value = float(text)
+    if value < 0:
+        raise ValueError(f"must not be negative, got {text!r}")
+    return value
+
+
+def parse_optional_path(text: Any) -> str | None:
+    text = str(text).strip()
+    return text or None
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def parse_size(text: Any) -> int:
     """Bytes, with an optional binary suffix: ``64MiB``, ``512k``, ``1G``."""
     raw = str(text).strip().lower().removesuffix("b").removesuffix("i")
@@ -338,6 +361,57 @@ class Options:
         "through the proxy clears it at once)",
         metavar="SECONDS",
     )
+    notifications: str = _opt(
+        "auto",
+        choice("auto", "on", "off"),
+        "follow the metastore's notification log to see writes that bypass the proxy; auto: "
+        "when the metastore serves it, else TTLs only",
+        metavar="auto|on|off",
+    )
+    notification_poll: float = _opt(
+        1.0, parse_seconds, "seconds between polls of the notification log", metavar="SECONDS"
+    )
+    follower_lease: float = _opt(
+        5.0,
+        parse_seconds,
+        "seconds the notification follower's lease lasts; another proxy takes over this long "
+        "after the follower dies",
+        metavar="SECONDS",
+    )
+    write_fence_seconds: float = _opt(
+        60.0,
+        parse_seconds,
+        "how long a write's fence holds if its proxy dies before invalidating: no proxy "
+        "caches what the write changes until then",
+        metavar="SECONDS",
+    )
+    stale_if_error: float = _opt(
+        0.0,
+        parse_non_negative_seconds,
+        "while the metastore is unreachable, serve cached reads up to this many seconds past "
+        "their TTL (0: never)",
+        metavar="SECONDS",
+    )
+    admin_listen: HostPort = _opt(
+        HostPort("127.0.0.1", 9091),
+        parse_host_port,
+        "gRPC admin API and health service (Kubernetes probes)",
+        metavar="HOST:PORT",
+    )
+    admin_token_file: str | None = _opt(
+        None,
+        parse_optional_path,
+        "file holding the bearer token admin calls must carry; required when --admin-listen "
+        "is not a loopback address",
+        metavar="PATH",
+    )
+    ready_without_redis: str = _opt(
+        "on",
+        choice("on", "off"),
+        "on: stay ready while Redis is down (serving from the metastore, degraded); off: "
+        "report not ready",
+        metavar="on|off",
+    )
     log_level: str = _opt(
         "info", choice("debug", "info", "warning", "error"), "log level", metavar="LEVEL"
     )
@@ -415,14 +489,23 @@ def load(
             f"upstream: no metastore given (use {flag_name('upstream')} thrift://HOST:9083 "
             f"or {env_name('upstream')})"
         )
-    if options.listen == options.metrics_listen:
-        problems.append(
-            f"metrics_listen: {options.metrics_listen} is also the Thrift listen address"
-        )
     if options.upstream_max_idle > options.upstream_max_connections:
         problems.append("upstream_max_idle: cannot exceed upstream_max_connections")
     if options.upstream_max_connections == 0:
         problems.append("upstream_max_connections: must be at least 1")
+    if not is_loopback(options.admin_listen.host) and not options.admin_token_file:
+        problems.append(
+            f"admin_token_file: required because admin_listen {options.admin_listen} is not "
+            "loopback (anyone who reaches the port could flush the cache)"
+        )
+    elif options.admin_token_file:
+        try:
+            if not Path(options.admin_token_file).read_text().strip():
+                problems.append(f"admin_token_file: {options.admin_token_file} is empty")
+        except OSError as exc:
+            problems.append(f"admin_token_file: {exc}")
+    if len({options.listen, options.metrics_listen, options.admin_listen}) < 3:
+        problems.append("listen, metrics_listen and admin_listen must all differ")
     if problems:
         raise ConfigError(problems)
     return options

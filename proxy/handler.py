@@ -96,6 +96,7 @@ class SessionState:
 
 
 OnReply = Callable[[Message], Awaitable[None]]
+Fallback = Callable[[], Awaitable[bool]]
 
 
 def upstream_request(message: Message) -> bytes:
@@ -208,8 +209,25 @@ class CallHandler:
             if await self.cache.fill(plan, fp, reply):
                 kept.append(reply.data)
 
+        async def stale() -> bool:
+            """--stale-if-error: while the metastore is unreachable, an expired entry."""
+            assert self.cache is not None
+            cached = await self.cache.stale(plan)
+            if cached is None:
+                return False
+            self.metrics.stale_replies.labels(label).inc()
+            await _send_cached(client, cached, message.header.seqid)
+            return True
+
         try:
-            outcome = await self._forward(session, message, client, retries=1, on_reply=store)
+            outcome = await self._forward(
+                session,
+                message,
+                client,
+                retries=1,
+                on_reply=store,
+                fallback=stale if self.cache.stale_window > 0 else None,
+            )
         finally:
             self.cache.land(plan.key, fp, kept[0] if kept else None)
         return outcome, "upstream"
@@ -327,11 +345,12 @@ class CallHandler:
             plan = await self.cache.expand(plan, lambda db: self._list_tables(session, db))
         if spec is None:
             log.warning("unknown method %s may change metadata: the cache is flushed", header.name)
+        intent = await self.cache.begin_write(plan)
         try:
             reply = await self._call(session, message, client, hold=True, oneway=oneway)
         finally:
             # Success or not, the HMS may have changed: invalidate before anyone is answered.
-            await self.cache.invalidate(plan, "write")
+            await self.cache.end_write(plan, intent)
         if isinstance(reply, str):
             return reply
         await client.send(client.transport.frame(reply.data))
@@ -361,10 +380,17 @@ class CallHandler:
         oneway: bool = False,
         retries: int = 0,
         on_reply: OnReply | None = None,
+        fallback: Fallback | None = None,
     ) -> str:
         """Send the call upstream and relay the reply to ``client``; returns the outcome."""
         result = await self._call(
-            session, message, client, oneway=oneway, retries=retries, on_reply=on_reply
+            session,
+            message,
+            client,
+            oneway=oneway,
+            retries=retries,
+            on_reply=on_reply,
+            fallback=fallback,
         )
         assert isinstance(result, str)
         return result
@@ -380,12 +406,14 @@ class CallHandler:
         retries: int = 0,
         request: bytes | None = None,
         on_reply: OnReply | None = None,
+        fallback: Fallback | None = None,
     ) -> str | Message:
         """Send the call upstream (retrying a stale pooled connection up to ``retries``).
 
         The reply is relayed to ``client`` and the outcome label returned; with ``hold`` it is
         returned whole instead, for the caller to send. Failures are answered to the client
-        either way, and their outcome label returned.
+        either way, and their outcome label returned; unless ``fallback`` answers them (a
+        stale cached reply while the metastore is unreachable).
         """
         header = message.header
         request = request if request is not None else upstream_request(message)
@@ -397,6 +425,8 @@ class CallHandler:
                     session.identity, fresh=attempt > 0
                 )
             except UpstreamError as exc:
+                if fallback is not None and await fallback():
+                    return "ok"
                 return await self._upstream_failed(client, message, exc)
             try:
                 result = await self._exchange(conn, request, message, relay_to, oneway, on_reply)
@@ -417,6 +447,8 @@ class CallHandler:
                     # The HMS hung up on this call (or part of its reply already went out):
                     # the client sees its connection end, as it would talking to the HMS.
                     raise ClientGone(f"metastore ended the call: {exc}") from exc
+                if fallback is not None and await fallback():
+                    return "ok"
                 return await self._upstream_failed(client, message, exc)
             self.pool.release(conn, reusable=True)
             return result

@@ -107,6 +107,15 @@ class Metrics:
                 registry=r,
             )
         )
+        self.stale_replies = _Children(
+            Counter(
+                "hmsproxy_stale_replies",
+                "Cached replies served past their TTL because the metastore was unreachable "
+                "(--stale-if-error)",
+                ["method"],
+                registry=r,
+            )
+        )
         self.cache_partitions = _Children(
             Counter(
                 "hmsproxy_cache_partitions",
@@ -170,6 +179,51 @@ class Metrics:
                 registry=r,
             )
         )
+        self.cache_available = Gauge(
+            "hmsproxy_cache_available",
+            "1 while the cache store (Redis) answers; 0: degraded, serving from the metastore",
+            registry=r,
+        )
+        self.cache_available.set(1)
+        self.notification_leader = Gauge(
+            "hmsproxy_notification_leader",
+            "1 if this proxy is the one following the notification log",
+            registry=r,
+        )
+        self.notification_active = Gauge(
+            "hmsproxy_notification_active",
+            "1 while the notification log is followed and moving as writes happen; 0 when the "
+            "metastore does not serve or write it (staleness then bounded by TTLs only)",
+            registry=r,
+        )
+        self.notification_last_event = Gauge(
+            "hmsproxy_notification_last_event_id",
+            "Id of the last notification event applied",
+            registry=r,
+        )
+        self.notification_lag_events = Gauge(
+            "hmsproxy_notification_lag_events",
+            "Events in the log not applied yet",
+            registry=r,
+        )
+        self.notification_lag_seconds = Gauge(
+            "hmsproxy_notification_lag_seconds",
+            "Age of the oldest event not applied yet (0 when caught up)",
+            registry=r,
+        )
+        self.notification_events = _Children(
+            Counter(
+                "hmsproxy_notification_events",
+                "Notification events applied, by event type",
+                ["type"],
+                registry=r,
+            )
+        )
+        self.notification_gaps = Counter(
+            "hmsproxy_notification_gaps",
+            "Gaps found in the notification log (each answered with a flush)",
+            registry=r,
+        )
         self.client_connections = Gauge(
             "hmsproxy_client_connections", "Open client connections", registry=r
         )
@@ -201,6 +255,7 @@ class Metrics:
         for name in cacheable:
             for result in LOOKUP_RESULTS:
                 self.cache_lookups.labels(name, result)
+            self.stale_replies.labels(name)
         for result in ("hit", "miss"):
             self.cache_partitions.labels(result)
         for op in CACHE_OPERATIONS:
@@ -214,3 +269,7 @@ class Metrics:
             self.upstream_connects.labels(result)
         for reason in CLIENT_ERRORS:
             self.client_errors.labels(reason)
+        from proxy.cache.events import KNOWN, SKIPPED
+
+        for kind in [*sorted(KNOWN - SKIPPED), "other"]:
+            self.notification_events.labels(kind)

@@ -86,6 +86,10 @@ class ThriftServer:
         assert self._server is not None
         return [s.getsockname()[1] for s in self._server.sockets]
 
+    @property
+    def listening(self) -> bool:
+        return self._server is not None and self._server.is_serving() and not self.stopping
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
         if sock is not None:

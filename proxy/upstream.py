@@ -292,6 +292,22 @@ class UpstreamPool:
         self.metrics.upstream_connections.labels("idle").set(self._idle_count)
         self.metrics.upstream_connections.labels("active").set(self._open - self._idle_count)
 
+    async def probe(self) -> bool:
+        """Does a metastore answer a call now? (fb303 ``getStatus``, for readiness.)"""
+        try:
+            conn = await self.acquire(None)
+        except UpstreamError:
+            return False
+        try:
+            reply = await exchange(
+                conn, idl.encode_call("getStatus", 0), "getStatus", 0, self.options
+            )
+        except UpstreamError:
+            self.discard(conn)
+            return False
+        self.release(conn, reusable=True)
+        return reply.header.type == MessageType.REPLY
+
     async def close(self) -> None:
         self._closed = True
         while self._idle:

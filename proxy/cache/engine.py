@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -32,7 +33,7 @@ from proxy import idl
 from proxy.cache import entry as codec
 from proxy.cache.keys import EPOCH, TableRef, partition_field
 from proxy.cache.plan import Bump, PartitionPlan, Planner, ReadPlan, VersionRef, WritePlan
-from proxy.cache.store import CacheUnavailable, Store
+from proxy.cache.store import FENCED, CacheUnavailable, Store
 from proxy.catalog import MethodSpec
 from proxy.metrics import Metrics
 from proxy.wire.binary import MessageType
@@ -109,6 +110,9 @@ class _L1:
         self._items.clear()
         self.bytes = 0
 
+    def __len__(self) -> int:
+        return len(self._items)
+
 
 def _group(refs: Sequence[VersionRef]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
@@ -137,12 +141,17 @@ class CacheEngine:
         *,
         l1_bytes: int,
         max_entry_bytes: int,
+        write_fence: float = 60.0,
+        stale_window: float = 0.0,
     ) -> None:
         self.store = store
         self.planner = planner
         self.naming = planner.naming
         self.metrics = metrics
         self.max_entry_bytes = max_entry_bytes
+        self.write_fence = write_fence
+        self.stale_window = stale_window
+        self.writes = 0  # invalidations for writes through this proxy (the follower watches)
         self._l1 = _L1(l1_bytes) if store.compress else None
         self._plans: OrderedDict[tuple[str, bytes, bytes | None], ReadPlan | None] = OrderedDict()
         self._flights: dict[tuple[str, bytes], asyncio.Future[bytes | None]] = {}
@@ -194,6 +203,8 @@ class CacheEngine:
         except CacheUnavailable:
             return Lookup(Result.BYPASS)
         values = [versions[r.key][r.field] for r in plan.refs]
+        if any(FENCED in versions[k] for k in groups):
+            return Lookup(Result.BYPASS)  # a write is under way: neither serve nor fill
         if any(versions[k].get(EPOCH) is None for k in groups):
             return Lookup(Result.MISS, values=values)
         fp = codec.fingerprint(values)
@@ -208,11 +219,33 @@ class CacheEngine:
             entry = codec.decode(value, await self._dictionary_for(value, plan.tag))
         except codec.EntryError:
             return Lookup(Result.MISS, values=values)
-        if entry.fingerprint != fp:
+        if entry.fingerprint != fp or entry.ttl <= 0:
             return Lookup(Result.MISS, values=values)
         if self._l1 is not None:
             self._l1.put(plan.key, fp, entry, entry.ttl)
         return self._hit(entry)
+
+    async def stale(self, plan: ReadPlan) -> bytes | None:
+        """``--stale-if-error``: an entry past its TTL (within the window) whose versions are
+        still current, for when the metastore cannot be reached. Never one a write invalidated
+        or is fencing: stale in time only."""
+        try:
+            versions, found = await self.store.lookup(_group(plan.refs), [plan.key])
+        except CacheUnavailable:
+            return None
+        if any(FENCED in v for v in versions.values()):
+            return None
+        value = found.get(plan.key)
+        if value is None:
+            return None
+        try:
+            entry = codec.decode(value, await self._dictionary_for(value, plan.tag))
+        except codec.EntryError:
+            return None
+        current = codec.fingerprint([versions[r.key][r.field] for r in plan.refs])
+        if entry.fingerprint != current or entry.ttl < -self.stale_window:
+            return None
+        return entry.payload
 
     @staticmethod
     def _hit(entry: codec.Entry) -> Lookup:
@@ -250,8 +283,9 @@ class CacheEngine:
             return False
         flags, ttl = how
         stored = codec.encode(fp, flags, reply.data, ttl, compress=self.store.compress)
+        keep = ttl + self.stale_window  # kept past its TTL only to be served while the HMS is down
         try:
-            await self.store.save([(plan.key, stored, ttl)], sorted({r.key for r in plan.refs}))
+            await self.store.save([(plan.key, stored, keep)], sorted({r.key for r in plan.refs}))
         except CacheUnavailable:
             return False
         self.metrics.cache_stored_bytes.inc(len(stored))
@@ -296,6 +330,8 @@ class CacheEngine:
         except CacheUnavailable:
             return PartitionLookup(Result.BYPASS)
         current = versions[key]
+        if FENCED in current:
+            return PartitionLookup(Result.BYPASS)
         out = PartitionLookup(Result.MISS, versions=current)
         if current.get(EPOCH) is None:
             return out
@@ -317,6 +353,8 @@ class CacheEngine:
                 except codec.EntryError:
                     continue
             pf = current.get(version_field)
+            if entry.ttl <= 0:
+                continue
             if entry.absent:
                 if entry.fingerprint == codec.fingerprint([epoch, partset, pf]):
                     out.known[values] = None
@@ -447,6 +485,42 @@ class CacheEngine:
                 bumps.append(Bump(self.naming.versions(tag), EPOCH, "table"))
         return WritePlan(tuple(bumps), plan.databases_dropped, plan.flush_all, plan.tables)
 
+    async def begin_write(self, plan: WritePlan) -> str | None:
+        """Before a write is forwarded: fence what it changes, and invalidate it already.
+
+        The fence (a deadline on each version hash it changes) stops every proxy from filling
+        or serving those scopes until the write is done; the early bump kills what was filled
+        before. So if this proxy dies before :meth:`end_write`, nobody serves pre-write data:
+        not before the deadline (fenced), not after it (bumped). Returns the intent id.
+        """
+        if plan.empty or plan.flush_all or self.write_fence <= 0:
+            return None
+        intent = os.urandom(8).hex()
+        keys = sorted({b.key for b in plan.bumps})
+        self._forget_locally(plan)
+        try:
+            await self.store.fence(keys, intent, self.write_fence, plan.bumps)
+        except CacheUnavailable:
+            return None  # end_write invalidates (or keeps it pending) all the same
+        return intent
+
+    async def end_write(self, plan: WritePlan, intent: str | None) -> bool:
+        """After the write: invalidate again (for fills made before the fence was seen),
+        then lift the fence."""
+        if intent is None or plan.flush_all:
+            return await self.invalidate(plan, "write")
+        if self._pending:
+            self._pending.append(plan)
+            return await self._apply_pending()
+        try:
+            await self.store.unfence(sorted({b.key for b in plan.bumps}), intent, plan.bumps)
+        except CacheUnavailable:
+            log.warning("cache: could not apply an invalidation; no cache hits until it is")
+            self._pending.append(plan)
+            return False
+        self._count(plan, "write")
+        return True
+
     async def invalidate(self, plan: WritePlan, reason: str) -> bool:
         """Apply ``plan`` now, or keep it pending (and bypass the cache) until possible."""
         if plan.empty:
@@ -487,11 +561,23 @@ class CacheEngine:
         return True
 
     def _count(self, plan: WritePlan, reason: str) -> None:
+        if reason == "write":
+            self.writes += 1
         if plan.flush_all:
             for scope in ("catalog", "database", "table", "partitions"):
                 self.metrics.invalidations.labels(scope, reason).inc()
         for b in plan.bumps:
             self.metrics.invalidations.labels(b.scope, reason).inc()
+
+    def footprint(self) -> tuple[int, int, str]:
+        """(entries, bytes, kind) held in this process: the embedded cache, or Redis's front."""
+        from proxy.cache.store import MemoryStore
+
+        if isinstance(self.store, MemoryStore):
+            return self.store.entry_count, self.store.stored_bytes, "embedded"
+        assert self._l1 is not None
+        kind = "redis-cluster" if getattr(self.store, "cluster", False) else "redis"
+        return len(self._l1), self._l1.bytes, kind
 
     async def flush(self) -> int:
         if self._l1 is not None:

@@ -86,6 +86,7 @@ class DatabaseRef:
 
 
 CATALOG_TAG = "g"
+COORDINATION = ":coord:"
 
 
 def partition_field(values: Sequence[str]) -> str:
@@ -158,8 +159,10 @@ class Naming:
         """A set of the table tags of ``database`` that have entries (for dropping it)."""
         return f"{self.prefix}{{{database.tag}}}:tables"
 
-    def fence(self) -> str:
-        return f"{self.prefix}{{{CATALOG_TAG}}}:fence"
+    def coordination(self, name: str) -> str:
+        """Keys proxies coordinate through (the follower's lease and position); a flush
+        leaves them alone, or the follower would lose its place with every flush it makes."""
+        return f"{self.prefix}{{{CATALOG_TAG}}}{COORDINATION}{name}"
 
     @property
     def pattern(self) -> str:

@@ -291,6 +291,9 @@ class Planner:
 
     # -- writes ----------------------------------------------------------------------------
 
+    def invalidation(self) -> Invalidation:
+        return Invalidation(self.naming)
+
     def write(self, spec: MethodSpec, args: Any | None) -> WritePlan:
         """What a write that reached the metastore invalidates (success or not)."""
         if spec.kind is not Kind.WRITE or spec.scope == Scope.NONE:
@@ -298,15 +301,7 @@ class Planner:
         if spec.name == "drop_catalog" or (spec.targets and args is None):
             return FLUSH
         scope = spec.scope
-        bumps: dict[tuple[str, str], Bump] = {}
-        dropped: list[DatabaseRef] = []
-        tables: list[TableRef] = []
-
-        def bump(tag: str, name: str, label: str) -> None:
-            key = self.naming.versions(tag)
-            bumps.setdefault((key, name), Bump(key, name, label))
-
-        every = catalog.EVERYTHING_OF_A_TABLE
+        inv = self.invalidation()
         for target in spec.targets:
             dbs = (
                 {v for v in catalog.resolve(target.db, args) if isinstance(v, str)}
@@ -323,72 +318,113 @@ class Planner:
             if target.table and not names:
                 return FLUSH
             parts = _partition_values(target.partitions, args) if target.partitions else []
+            cascade = bool(spec.cascade and _cascades(catalog.resolve(spec.cascade, args)))
             for db in dbs:
                 database = DatabaseRef.of(db)
                 if scope & Scope.DATABASE:
-                    bump(database.tag, "db", "database")
+                    inv.database(database)
                 if not target.table and scope & Scope.TABLE:
-                    # Tables of the database change and we do not know which: all of them.
-                    dropped.append(database)
-                    bump(database.tag, EPOCH, "database")
+                    inv.all_tables_of(database)  # tables change and we do not know which
                 for name in names:
-                    table = TableRef.of(db, name)
-                    tables.append(table)
-                    self._table_bumps(spec, args, scope, table, parts, bump)
+                    inv.table(TableRef.of(db, name), scope, parts, cascade=cascade)
         if spec.renamed_to is not None:
+            old_tables = list(inv.tables)
             for new in catalog.resolve(spec.renamed_to, args):
                 new_db, new_name = getattr(new, "dbName", None), getattr(new, "tableName", None)
                 if not isinstance(new_db, str) or not isinstance(new_name, str):
                     return FLUSH
                 table = TableRef.of(new_db, new_name)
-                if table not in tables:  # a rename: the new name gets a new table, the old one dies
-                    for old in tables:
-                        bump(old.tag, EPOCH, "table")
-                    bump(table.tag, EPOCH, "table")
-                    bump(table.database.tag, "db", "database")
-                    tables.append(table)
-        if scope & Scope.CATALOG:
-            bump(CATALOG_TAG, "catalog", "catalog")
-        if scope & (Scope.DATABASE | Scope.TABLE) or spec.renamed_to:
-            bump(CATALOG_TAG, "tables", "catalog")
-        if scope & Scope.FUNCTIONS:
-            bump(CATALOG_TAG, "functions", "functions")
-        if scope & Scope.PRIVILEGES:
-            bump(CATALOG_TAG, "privileges", "privileges")
-        if scope & every == every and not spec.targets:
-            return FLUSH
-        return WritePlan(tuple(bumps.values()), tuple(dropped), False, tuple(tables))
+                if table not in old_tables:
+                    inv.rename(old_tables, table)
+        inv.catalog_wide(scope | (Scope.TABLE if spec.renamed_to else Scope.NONE))
+        return inv.build()
 
-    def _table_bumps(
+
+class Invalidation:
+    """Collects the bumps of one write (or one notification event) into a WritePlan."""
+
+    def __init__(self, naming: Naming) -> None:
+        self.naming = naming
+        self._bumps: dict[tuple[str, str], Bump] = {}
+        self._dropped: list[DatabaseRef] = []
+        self.tables: list[TableRef] = []
+        self._flush = False
+
+    def bump(self, tag: str, name: str, label: str) -> None:
+        key = self.naming.versions(tag)
+        self._bumps.setdefault((key, name), Bump(key, name, label))
+
+    def flush(self) -> None:
+        self._flush = True
+
+    def database(self, database: DatabaseRef) -> None:
+        """A database object or its list of tables changed."""
+        self.bump(database.tag, "db", "database")
+
+    def all_tables_of(self, database: DatabaseRef) -> None:
+        """Every table of the database changed (or is gone), names unknown here."""
+        self._dropped.append(database)
+        self.bump(database.tag, EPOCH, "database")
+
+    def table(
         self,
-        spec: MethodSpec,
-        args: Any,
-        scope: Scope,
         table: TableRef,
+        scope: Scope,
         parts: list[tuple[str, ...]] | None,
-        bump: Any,
+        *,
+        cascade: bool = False,
     ) -> None:
+        """``scope`` of ``table`` changed; ``parts``: the partitions named (None: unknown)."""
+        if table not in self.tables:
+            self.tables.append(table)
         tag = table.tag
         every = catalog.EVERYTHING_OF_A_TABLE
         if scope & every == every:  # created or dropped: nothing of the old table survives
-            bump(tag, EPOCH, "table")
+            self.bump(tag, EPOCH, "table")
             return
         if scope & Scope.TABLE:
-            bump(tag, "table", "table")
+            self.bump(tag, "table", "table")
         if scope & Scope.PARTITION_SET:
-            bump(tag, "partset", "partition_set")
+            self.bump(tag, "partset", "partition_set")
         if scope & Scope.PARTITIONS or (scope & Scope.STATISTICS and parts):
-            bump(tag, "parts", "partitions")
+            self.bump(tag, "parts", "partitions")
             if parts:
                 for values in parts:
-                    bump(tag, partition_field(values), "partitions")
+                    self.bump(tag, partition_field(values), "partitions")
             else:
-                bump(tag, "pgen", "partitions")
+                self.bump(tag, "pgen", "partitions")
         if scope & Scope.STATISTICS and not parts:
-            bump(tag, "stats", "statistics")
-        if spec.cascade and _cascades(catalog.resolve(spec.cascade, args)):
-            bump(tag, "parts", "partitions")
-            bump(tag, "pgen", "partitions")
+            self.bump(tag, "stats", "statistics")
+        if cascade:
+            self.bump(tag, "parts", "partitions")
+            self.bump(tag, "pgen", "partitions")
+
+    def rename(self, old: list[TableRef], new: TableRef) -> None:
+        """A rename: the old names are gone, the new one is a new table."""
+        for table in old:
+            self.bump(table.tag, EPOCH, "table")
+            self.bump(table.database.tag, "db", "database")
+        self.bump(new.tag, EPOCH, "table")
+        self.bump(new.database.tag, "db", "database")
+        self.tables.append(new)
+
+    def catalog_wide(self, scope: Scope) -> None:
+        """The catalog-level versions ``scope`` touches."""
+        if scope & Scope.CATALOG:
+            self.bump(CATALOG_TAG, "catalog", "catalog")
+        if scope & (Scope.DATABASE | Scope.TABLE):
+            self.bump(CATALOG_TAG, "tables", "catalog")
+        if scope & Scope.FUNCTIONS:
+            self.bump(CATALOG_TAG, "functions", "functions")
+        if scope & Scope.PRIVILEGES:
+            self.bump(CATALOG_TAG, "privileges", "privileges")
+
+    def build(self) -> WritePlan:
+        if self._flush:
+            return FLUSH
+        return WritePlan(
+            tuple(self._bumps.values()), tuple(self._dropped), False, tuple(self.tables)
+        )
 
 
 def _cascades(found: list[Any]) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,9 +26,9 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from proxy.cache import resp
-from proxy.cache.keys import EPOCH
+from proxy.cache.keys import COORDINATION, EPOCH
 from proxy.cache.plan import Bump
-from proxy.cache.store import CacheUnavailable, Found, Versions, new_epoch
+from proxy.cache.store import FENCED, CacheUnavailable, Found, Versions, new_epoch
 from proxy.metrics import Metrics
 from proxy.retry import Backoff
 
@@ -38,6 +39,11 @@ Op = tuple[str, tuple[Any, ...], dict[str, Any]]
 
 # Seconds a background connection attempt may take (TLS and cluster discovery included).
 CONNECT_BUDGET = 5.0
+
+
+def fence_key(versions_key: str) -> str:
+    """The write fences of a version hash: same hash tag, so same slot."""
+    return versions_key + ":f"
 
 
 def op(name: str, *args: Any, **kwargs: Any) -> Op:
@@ -245,6 +251,9 @@ class RedisStore:
             raise CacheUnavailable("redis backing off after errors")
         order = list(versions.items())
         commands: list[resp.Command] = [("HMGET", key, *names) for key, names in order]
+        # The write fences, read after the versions: a fill under versions a write already
+        # bumped is then sure to see the fence that write set first.
+        commands += [("HVALS", fence_key(key)) for key, _ in order]
         if entries:  # the entries of one plan share its hash tag: one MGET works on a cluster
             commands.append(("MGET", *entries))
         try:
@@ -267,9 +276,12 @@ class RedisStore:
             log.info("cache: redis is answering again")
         self.backoff.succeeded()
         got: Versions = {}
-        for (key, names), values in zip(order, results, strict=False):
-            got[key] = dict(zip(names, values, strict=True))
-        found: Found = dict(zip(entries, results[len(order)] if entries else [], strict=True))
+        now = time.time()
+        for i, (key, names) in enumerate(order):
+            got[key] = dict(zip(names, results[i], strict=True))
+            if any(float(deadline) > now for deadline in results[len(order) + i] or ()):
+                got[key][FENCED] = b"1"
+        found: Found = dict(zip(entries, results[2 * len(order)] if entries else [], strict=True))
         return got, found
 
     async def ensure_epochs(self, keys: Sequence[str]) -> dict[str, bytes]:
@@ -306,6 +318,45 @@ class RedisStore:
             keys = sorted({b.key for b in bumps})
             await self._run("delete", [op("delete", k) for k in keys])
 
+    async def lease(self, key: str, token: str, ttl: float) -> bool:
+        ms = max(1, int(ttl * 1000))
+        script = (
+            "local v = redis.call('GET', KEYS[1]) "
+            "if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end "
+            "if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end "
+            "return 0"
+        )
+        result = await self._run("version", [op("eval", script, 1, key, token, ms)])
+        return bool(result[0])
+
+    async def set_if_leader(self, key: str, value: bytes, lease_key: str, token: str) -> bool:
+        script = (
+            "if redis.call('GET', KEYS[2]) == ARGV[2] then "
+            "redis.call('SET', KEYS[1], ARGV[1]) return 1 end return 0"
+        )
+        result = await self._run("set", [op("eval", script, 2, key, lease_key, value, token)])
+        return bool(result[0])
+
+    async def release(self, key: str, token: str) -> None:
+        script = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end"
+        await self._run("delete", [op("eval", script, 1, key, token)])
+
+    async def fence(
+        self, keys: Sequence[str], intent: str, seconds: float, bumps: Sequence[Bump]
+    ) -> None:
+        """Fences first, then the bumps (see lookup for why the order matters)."""
+        deadline = str(time.time() + seconds)
+        ops: list[Op] = []
+        for key in keys:
+            ops.append(op("hset", fence_key(key), intent, deadline))
+            ops.append(op("pexpire", fence_key(key), int(seconds * 1000) + 1000))
+        await self._run("version", ops)
+        await self.bump(bumps)
+
+    async def unfence(self, keys: Sequence[str], intent: str, bumps: Sequence[Bump]) -> None:
+        await self.bump(bumps)
+        await self._run("version", [op("hdel", fence_key(key), intent) for key in keys])
+
     async def get(self, key: str) -> bytes | None:
         value: bytes | None = (await self._run("get", [op("get", key)]))[0]
         return value
@@ -320,6 +371,8 @@ class RedisStore:
             async with asyncio.timeout(max(self.timeout, 30.0)):
                 batch: list[bytes] = []
                 async for key in client.scan_iter(match=pattern, count=1000):
+                    if COORDINATION.encode() in key:
+                        continue
                     batch.append(key)
                     if len(batch) >= 500:
                         removed += await self._unlink(client, batch)

@@ -8,7 +8,9 @@ The engine needs six operations; each is one round trip to Redis (see ``redis_st
   depend on (a hash must outlive every entry filled under it);
 * ``bump``: apply a write's invalidation;
 * ``get``/``add``: small side values (compression dictionaries);
-* ``flush``: forget everything.
+* ``flush``: forget everything;
+* ``lease``/``set_if_leader``: one notification follower among the proxies sharing a store;
+* ``fence``/``unfence``: mark tables as being written (crash safety, see the engine).
 
 Stores raise :class:`CacheUnavailable` when they cannot answer; the engine then answers from
 the metastore (fail open).
@@ -31,6 +33,8 @@ class CacheUnavailable(Exception):
 
 
 Versions = dict[str, dict[str, bytes | None]]
+# A pseudo-field a look-up sets on a version hash that a write in progress has fenced.
+FENCED = "\x00fenced"
 # Stored values by key (None: not there).
 Found = dict[str, bytes | None]
 
@@ -60,6 +64,23 @@ class Store(Protocol):
 
     async def flush(self, pattern: str) -> int: ...
 
+    async def lease(self, key: str, token: str, ttl: float) -> bool:
+        """Take or renew the lease ``key`` for ``token``; ``False`` if another holds it."""
+
+    async def set_if_leader(self, key: str, value: bytes, lease_key: str, token: str) -> bool:
+        """Set ``key`` only while ``token`` holds ``lease_key``."""
+
+    async def release(self, key: str, token: str) -> None:
+        """Give the lease up, if ``token`` holds it."""
+
+    async def fence(
+        self, keys: Sequence[str], intent: str, seconds: float, bumps: Sequence[Bump]
+    ) -> None:
+        """Mark the version hashes ``keys`` as being written (then apply ``bumps``)."""
+
+    async def unfence(self, keys: Sequence[str], intent: str, bumps: Sequence[Bump]) -> None:
+        """Apply ``bumps``, then lift the marks of ``intent``."""
+
     async def connect(self, wait: float) -> bool: ...
 
     async def ping(self) -> bool: ...
@@ -82,6 +103,7 @@ class MemoryStore:
         self.max_version_hashes = max_version_hashes
         self._versions: OrderedDict[str, dict[str, bytes | None]] = OrderedDict()
         self._entries: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
+        self._side: dict[str, bytes] = {}  # small coordination values (last event id)
         self._bytes = 0
 
     @property
@@ -160,6 +182,8 @@ class MemoryStore:
                 fields[b.field] = str(int(fields.get(b.field) or 0) + 1).encode()
 
     async def get(self, key: str) -> bytes | None:
+        if key in self._side:
+            return self._side[key]
         return (await self.lookup({}, [key]))[1][key]
 
     async def add(self, key: str, value: bytes, ttl: float) -> None:
@@ -172,6 +196,24 @@ class MemoryStore:
         self._versions.clear()
         self._bytes = 0
         return count
+
+    async def lease(self, key: str, token: str, ttl: float) -> bool:
+        return True  # one process: always the follower
+
+    async def set_if_leader(self, key: str, value: bytes, lease_key: str, token: str) -> bool:
+        self._side[key] = value
+        return True
+
+    async def release(self, key: str, token: str) -> None:
+        return None
+
+    async def fence(
+        self, keys: Sequence[str], intent: str, seconds: float, bumps: Sequence[Bump]
+    ) -> None:
+        await self.bump(bumps)  # a crash takes this cache with it: nothing to fence
+
+    async def unfence(self, keys: Sequence[str], intent: str, bumps: Sequence[Bump]) -> None:
+        await self.bump(bumps)
 
     async def connect(self, wait: float) -> bool:
         return True

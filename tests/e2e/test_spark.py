@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,16 @@ def test_spark_sees_the_same_through_the_proxy(hms: MetastoreServer, proxy: Prox
         assert seen >= 1, method
 
 
+def wait_for_follower(hms: MetastoreServer, proxy: ProxyProcess, timeout: float = 30) -> None:
+    """Until the proxy has applied every event the HMS logged so far."""
+    reply = raw.call(hms.host, hms.port, idl.encode_call("get_current_notificationEventId", 1))
+    head = idl.decode_result("get_current_notificationEventId", reply[43:]).success.eventId
+    deadline = time.monotonic() + timeout
+    while proxy.metric("hmsproxy_notification_last_event_id") < head:
+        assert time.monotonic() < deadline, "the follower did not catch up"
+        time.sleep(0.1)
+
+
 @pytest.mark.spark
 def test_dynamic_partition_insert_keeps_untouched_partitions_cached(
     hms: MetastoreServer, proxy: ProxyProcess, tmp_path: Path
@@ -89,10 +100,14 @@ def test_dynamic_partition_insert_keeps_untouched_partitions_cached(
         by_names = idl.encode_call(
             "get_partitions_by_names", 1, db_name=db, tbl_name="events", names=names
         )
+        # The notification follower also sees these writes (they went through this proxy,
+        # so it invalidates them a second time): let it catch up before filling the cache.
+        wait_for_follower(hms, proxy)
         raw.call("127.0.0.1", proxy.port, by_names)  # the cache now holds all eight
         go.touch()
         out, err = job.communicate(timeout=300)
         assert job.returncode == 0 and "DONE" in out, err[-3000:]
+        wait_for_follower(hms, proxy)
     finally:
         if job.poll() is None:
             job.kill()

@@ -51,6 +51,8 @@ class MetastoreServer:
             # 2.3 defaults to BoneCP, which the pyspark jars lack; HikariCP is there.
             "datanucleus.connectionPoolingType": "HikariCP",
             "hive.metastore.pre.event.listeners": "hmsproxy.rig.CallerLog",
+            # The rig's own stand-in for DbNotificationListener (not in the pyspark jars).
+            "hive.metastore.event.listeners": "hmsproxy.rig.NotificationLog",
             "hmsproxy.rig.caller.log": str(self.caller_log),
             # Partition-level column statistics are on in Hive by default; keep the default.
         }

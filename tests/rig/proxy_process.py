@@ -23,6 +23,7 @@ class ProxyProcess:
         self.workdir = workdir
         self.port = free_port()
         self.metrics_port = free_port()
+        self.admin_port = free_port()
         self.args = [
             "--upstream",
             upstream,
@@ -30,6 +31,8 @@ class ProxyProcess:
             f"127.0.0.1:{self.port}",
             "--metrics-listen",
             f"127.0.0.1:{self.metrics_port}",
+            "--admin-listen",
+            f"127.0.0.1:{self.admin_port}",
             *args,
         ]
         self.env = env or {}

@@ -119,7 +119,7 @@ def create(host: str, port: int, warehouse: str, *, framed: bool = False) -> Sam
     return sample
 
 
-SLOW_TABLE = "slow_table"
+SLOW_TABLE = "slowread_table"
 
 
 def create_slow_table(host: str, port: int, db: str = DB) -> str:

@@ -6,6 +6,8 @@ import java.io.PrintWriter;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.hive.metastore.MetaStorePreEventListener;
 import org.apache.hadoop.hive.metastore.api.MetaException;
+import org.apache.hadoop.hive.metastore.api.Table;
+import org.apache.hadoop.hive.metastore.events.PreAlterTableEvent;
 import org.apache.hadoop.hive.metastore.events.PreCreateTableEvent;
 import org.apache.hadoop.hive.metastore.events.PreEventContext;
 import org.apache.hadoop.hive.metastore.events.PreReadDatabaseEvent;
@@ -18,8 +20,10 @@ import org.apache.hadoop.security.UserGroupInformation;
  * the HMS runs the call as (the set_ugi identity of the connection). This is how the tests see
  * which user a call reached the real HMS as.
  *
- * Reading a table whose name starts with "slow" takes the HMS three seconds, which gives the
- * tests a real call in flight (to drain on SIGTERM, or to kill the HMS under).
+ * Reading a table whose name starts with "slowread", or altering one whose name starts with
+ * "slowwrite", takes the HMS three seconds: a real call in flight for the tests (to drain on
+ * SIGTERM, to kill the HMS under, or to kill a proxy under between forwarding a write and
+ * invalidating it).
  */
 public class CallerLog extends MetaStorePreEventListener {
   private final String path;
@@ -40,8 +44,14 @@ public class CallerLog extends MetaStorePreEventListener {
       target = e.getTable().getDbName() + "." + e.getTable().getTableName();
     } else if (context instanceof PreReadDatabaseEvent) {
       target = ((PreReadDatabaseEvent) context).getDatabase().getName();
+    } else if (context instanceof PreAlterTableEvent) {
+      Table t = ((PreAlterTableEvent) context).getOldTable();
+      target = t.getDbName() + "." + t.getTableName();
     }
-    if (target.contains(".slow")) {
+    boolean slow =
+        (context instanceof PreReadTableEvent && target.contains(".slowread"))
+            || (context instanceof PreAlterTableEvent && target.contains(".slowwrite"));
+    if (slow) {
       try {
         Thread.sleep(3000);
       } catch (InterruptedException exc) {

@@ -1,0 +1,238 @@
+"""The admin API (``idl/admin.proto``): invalidate, flush, statistics, warm-up.
+
+Warm-up sends its calls through the same handler engines use, with a client of its own that
+keeps the replies, so what it prefetches is exactly what a Trino query would have cached.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from proxy import idl
+from proxy.admin._gen import admin_pb2 as pb
+from proxy.admin._gen import admin_pb2_grpc as pb_grpc
+from proxy.cache.engine import CacheEngine
+from proxy.cache.keys import DatabaseRef, TableRef
+from proxy.catalog import EVERYTHING_OF_A_TABLE, Scope
+from proxy.handler import CallHandler, SessionState
+from proxy.metrics import Metrics
+from proxy.wire.binary import MessageType, parse_header
+from proxy.wire.framing import Message, Transport
+
+log = logging.getLogger(__name__)
+
+
+class _Keeper:
+    """A client channel that keeps the reply instead of sending it anywhere."""
+
+    transport = Transport.BUFFERED
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    async def send(self, data: bytes) -> None:
+        self.data += data
+
+    async def send_message(self, head: bytes, rest: memoryview) -> None:
+        self.data += head
+        self.data += rest
+
+
+class AdminService(pb_grpc.AdminServicer):
+    def __init__(
+        self,
+        handler: CallHandler,
+        engine: CacheEngine | None,
+        metrics: Metrics,
+        follower: Any = None,
+    ) -> None:
+        self.handler = handler
+        self.engine = engine
+        self.metrics = metrics
+        self.follower = follower
+        self._seqid = 0
+
+    async def _engine(self, context: grpc.aio.ServicerContext[Any, Any]) -> CacheEngine:
+        if self.engine is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, "the cache is off (--cache off)"
+            )
+        assert self.engine is not None
+        return self.engine
+
+    # -- calls through the handler -------------------------------------------------------------
+
+    async def call(self, method: str, **args: Any) -> Any:
+        """Make one metastore call through the proxy's own path; the decoded result."""
+        self._seqid += 1
+        data = idl.encode_call(method, self._seqid, **args)
+        header = parse_header(data, 0, len(data))
+        assert header is not None
+        keeper = _Keeper()
+        await self.handler.handle(SessionState(peer="admin"), Message(header, data), keeper)
+        reply = bytes(keeper.data)
+        got = parse_header(reply, 0, len(reply))
+        if got is None or got.type != MessageType.REPLY:
+            raise RuntimeError(f"{method} failed at the metastore")
+        result = idl.decode_result(method, reply[got.length :])
+        if result.success is None:
+            failures = [v for k, v in vars(result).items() if k != "success" and v is not None]
+            raise LookupError(f"{method}: {failures[0] if failures else 'no result'}")
+        return result.success
+
+    # -- rpcs ------------------------------------------------------------------------------
+
+    async def Invalidate(  # noqa: N802 - gRPC's name
+        self, request: pb.InvalidateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.InvalidateReply:
+        engine = await self._engine(context)
+        if not request.database:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "database is required")
+        inv = engine.planner.invalidation()
+        database = DatabaseRef.of(request.database)
+        if not request.table:
+            inv.database(database)
+            inv.all_tables_of(database)
+            inv.catalog_wide(Scope.DATABASE | Scope.TABLE)
+        else:
+            table = TableRef.of(request.database, request.table)
+            parts = [tuple(p.values) for p in request.partitions]
+            if parts:
+                inv.table(table, Scope.PARTITIONS | Scope.STATISTICS, parts)
+            else:
+                inv.table(table, EVERYTHING_OF_A_TABLE, None)
+                inv.database(database)
+        plan = inv.build()
+        try:
+            plan = await engine.expand(plan, self._tables_of)
+        except Exception as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot list tables: {exc}")
+        applied = await engine.invalidate(plan, "admin")
+        log.info(
+            "admin: invalidated %s.%s (%d scopes)",
+            request.database,
+            request.table or "*",
+            len(plan.bumps),
+        )
+        if not applied:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "the cache store is unavailable; kept pending"
+            )
+        return pb.InvalidateReply(scopes=len(plan.bumps))
+
+    async def _tables_of(self, db: str) -> list[str]:
+        return list(await self.call("get_all_tables", db_name=db))
+
+    async def FlushAll(  # noqa: N802
+        self, request: pb.FlushAllRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.FlushAllReply:
+        engine = await self._engine(context)
+        removed = await engine.flush()
+        log.info("admin: flushed the cache (%d keys)", removed)
+        for scope in ("catalog", "database", "table", "partitions"):
+            self.metrics.invalidations.labels(scope, "admin").inc()
+        return pb.FlushAllReply(keys_removed=removed)
+
+    async def Stats(  # noqa: N802
+        self, request: pb.StatsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.StatsReply:
+        counts: dict[str, dict[str, float]] = {}
+        partitions: dict[str, float] = {}
+        for family in self.metrics.registry.collect():
+            for sample in family.samples:
+                if sample.name == "hmsproxy_cache_lookups_total":
+                    method = sample.labels["method"]
+                    counts.setdefault(method, {})[sample.labels["result"]] = sample.value
+                elif sample.name == "hmsproxy_cache_partitions_total":
+                    partitions[sample.labels["result"]] = sample.value
+        methods = []
+        served = looked = 0.0
+        for method, c in sorted(counts.items()):
+            hits = c.get("hit", 0) + c.get("negative_hit", 0)
+            total = hits + c.get("miss", 0) + c.get("bypass", 0)
+            if not total:
+                continue
+            served += hits
+            looked += total
+            methods.append(
+                pb.MethodStats(
+                    method=method,
+                    hits=int(c.get("hit", 0)),
+                    negative_hits=int(c.get("negative_hit", 0)),
+                    misses=int(c.get("miss", 0)),
+                    bypasses=int(c.get("bypass", 0)),
+                    hit_ratio=hits / total,
+                )
+            )
+        reply = pb.StatsReply(
+            methods=methods,
+            hit_ratio=served / looked if looked else 0.0,
+            partitions_hit=int(partitions.get("hit", 0)),
+            partitions_missed=int(partitions.get("miss", 0)),
+        )
+        if self.engine is not None:
+            entries, size, kind = self.engine.footprint()
+            reply.entries, reply.bytes, reply.store = entries, size, kind
+            reply.store_available = await self.engine.store.ping()
+        if self.follower is not None:
+            reply.notification_leader = self.follower.state.leader
+            reply.last_event_id = self.follower.state.last_applied or 0
+        return reply
+
+    async def Warm(  # noqa: N802
+        self, request: pb.WarmRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.WarmProgress]:
+        await self._engine(context)
+        db, name = request.database, request.table
+        batch = request.batch_size or 100
+        try:
+            table = await self.call("get_table", dbname=db, tbl_name=name)
+            yield pb.WarmProgress(stage="table")
+            keys = [k.name for k in table.partitionKeys or []]
+            if request.partition_filter:
+                found = await self.call(
+                    "get_partitions_by_filter",
+                    db_name=db,
+                    tbl_name=name,
+                    filter=request.partition_filter,
+                    max_parts=-1,
+                )
+                names = [_partition_name(keys, p.values) for p in found]
+            else:
+                names = list(
+                    await self.call("get_partition_names", db_name=db, tbl_name=name, max_parts=-1)
+                )
+            yield pb.WarmProgress(stage="names", partitions_total=len(names))
+            for start in range(0, len(names), batch):
+                chunk = names[start : start + batch]
+                await self.call("get_partitions_by_names", db_name=db, tbl_name=name, names=chunk)
+                yield pb.WarmProgress(
+                    stage="partitions",
+                    partitions_total=len(names),
+                    partitions_done=min(len(names), start + len(chunk)),
+                )
+        except LookupError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except RuntimeError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        yield pb.WarmProgress(stage="done", partitions_total=len(names), partitions_done=len(names))
+
+
+def _escape(text: str) -> str:
+    """Hive's partition-path escaping (FileUtils.escapePathName)."""
+    special = set("\"#%'*/:=?\\\x7f{[]^")
+    out = []
+    for ch in text:
+        if ord(ch) < 0x20 or ch in special:
+            out.append(f"%{ord(ch):02X}")
+        else:
+            out.append(ch)
+    return "".join(out) or "__HIVE_DEFAULT_PARTITION__"
+
+
+def _partition_name(keys: list[str], values: list[str]) -> str:
+    return "/".join(f"{_escape(k.lower())}={_escape(v)}" for k, v in zip(keys, values, strict=True))

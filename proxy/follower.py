@@ -1,0 +1,245 @@
+"""The notification-log follower: writes that bypass the proxy, seen within a poll.
+
+Every ``--notification-poll`` the follower asks the metastore for events after the last one
+it applied and invalidates what each one touches (``proxy.cache.events``). Of all proxies
+sharing a store exactly one follows: it holds a lease in the store, renewed on every poll;
+when it dies the lease expires and another proxy takes over where the last applied event
+id (also in the store) says. Events are applied before that id moves, so a takeover can
+apply an event twice (harmless: an invalidation) but never skips one.
+
+A gap in the log (events purged before they were applied, ids that jump backwards after a
+metastore reset) cannot be replayed, so the cache is flushed and following resumes at the
+current id. The same happens the first time a follower starts on a store: entries already
+there may predate writes nobody followed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from proxy import idl
+from proxy.cache.engine import CacheEngine
+from proxy.cache.events import KNOWN, Event, invalidation_for
+from proxy.cache.store import CacheUnavailable
+from proxy.config import Options
+from proxy.metrics import Metrics
+from proxy.upstream import UpstreamError, UpstreamPool, exchange
+from proxy.wire.binary import MessageType
+from proxy.wire.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+BATCH = 1000
+
+
+class LogUnavailable(Exception):
+    """The metastore does not serve the notification log (or answered nonsense)."""
+
+
+@dataclass
+class FollowerState:
+    leader: bool = False
+    enabled: bool = True
+    last_applied: int | None = None
+    head: int | None = None
+
+
+class NotificationFollower:
+    def __init__(
+        self, options: Options, engine: CacheEngine, pool: UpstreamPool, metrics: Metrics
+    ) -> None:
+        self.options = options
+        self.engine = engine
+        self.pool = pool
+        self.metrics = metrics
+        self.token = os.urandom(12).hex()
+        self.lease_key = engine.naming.coordination("follower")
+        self.last_key = engine.naming.coordination("last_event")
+        self.state = FollowerState()
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._writes_at_head: tuple[int, float] | None = None
+        self._writes_seen = 0
+
+    async def first_poll(self, wait: float) -> None:
+        try:
+            async with asyncio.timeout(wait):
+                await self.poll()
+        except (TimeoutError, UpstreamError, CacheUnavailable, LogUnavailable) as exc:
+            log.info("notification follower: first poll deferred (%s)", exc or type(exc).__name__)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run())
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self.state.leader:  # hand over now rather than when the lease runs out
+            with contextlib.suppress(CacheUnavailable):
+                await self.engine.store.release(self.lease_key, self.token)
+
+    async def run(self) -> None:
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            try:
+                await self.poll()
+            except LogUnavailable as exc:
+                if self.options.notifications == "on":
+                    log.warning("notification log unavailable (%s); retrying", exc)
+                else:
+                    log.warning(
+                        "the metastore does not serve the notification log (%s): writes that "
+                        "bypass the proxy are seen within the TTLs only",
+                        exc,
+                    )
+                    self.state.enabled = False
+                    self.metrics.notification_active.set(0)
+                    return
+            except (UpstreamError, CacheUnavailable) as exc:
+                log.debug("notification poll failed: %s", exc)
+            except Exception:
+                log.exception("notification follower failed; retrying")
+            delay = self.options.notification_poll - (time.monotonic() - started)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.05, delay)):
+                    await self._stopping.wait()
+
+    # -- one poll --------------------------------------------------------------------------
+
+    async def poll(self) -> None:
+        store = self.engine.store
+        leader = await store.lease(self.lease_key, self.token, self.options.follower_lease)
+        if leader != self.state.leader:
+            log.info("notification follower: %s", "this proxy follows" if leader else "standing by")
+        self.state.leader = leader
+        self.metrics.notification_leader.set(1 if leader else 0)
+        if not leader:
+            return
+        head = await self._current_id()
+        self.state.head = head
+        last = await self._last_applied()
+        if last is None:
+            await self._resync("no follower ran before on this cache", head, quiet=True)
+            return
+        if head < last:
+            await self._resync(f"event ids went back from {last} to {head} (log reset)", head)
+            return
+        while last < head and not self._stopping.is_set():
+            events = await self._events_after(last)
+            if not events or events[0].event_id > last + 1:
+                self.metrics.notification_gaps.inc()
+                missing_to = events[0].event_id - 1 if events else head
+                await self._resync(f"events {last + 1}..{missing_to} are gone from the log", head)
+                return
+            for event in events:
+                if event.event_id <= last:
+                    continue
+                await self._apply(event)
+                last = event.event_id
+            if not await store.set_if_leader(
+                self.last_key, str(last).encode(), self.lease_key, self.token
+            ):
+                self.state.leader = False
+                return
+            self.state.last_applied = last
+            self._lag(head, last, events)
+        self.state.last_applied = last
+        self._lag(head, last, [])
+        self._check_log_is_written(head)
+
+    async def _apply(self, event: Event) -> None:
+        plan = invalidation_for(event, self.engine.planner)
+        kind = event.event_type.upper()
+        self.metrics.notification_events.labels(kind if kind in KNOWN else "other").inc()
+        if plan is not None:
+            await self.engine.invalidate(plan, "notification")
+
+    async def _resync(self, reason: str, head: int, *, quiet: bool = False) -> None:
+        (log.info if quiet else log.warning)(
+            "notification log: %s; flushing the cache and following from event %d", reason, head
+        )
+        await self.engine.flush()
+        await self.engine.store.set_if_leader(
+            self.last_key, str(head).encode(), self.lease_key, self.token
+        )
+        self.state.last_applied = head
+        self._lag(head, head, [])
+
+    def _lag(self, head: int, last: int, events: list[Event]) -> None:
+        self.metrics.notification_last_event.set(last)
+        self.metrics.notification_lag_events.set(max(0, head - last))
+        pending = [e for e in events if e.event_id > last]
+        self.metrics.notification_lag_seconds.set(
+            max(0.0, time.time() - pending[0].event_time) if pending else 0.0
+        )
+
+    def _check_log_is_written(self, head: int) -> None:
+        """Writes went through this proxy but the log did not move: no listener writes it."""
+        writes = self.engine.writes
+        if self._writes_at_head is None or self._writes_at_head[0] != head:
+            self._writes_at_head = (head, time.monotonic())
+            self._writes_seen = writes
+            self.metrics.notification_active.set(1)
+            return
+        if writes > self._writes_seen and time.monotonic() - self._writes_at_head[1] > 30:
+            log.warning(
+                "writes went through the proxy but the notification log did not move in 30 s: "
+                "is DbNotificationListener configured on the metastore? Until it is, writes "
+                "that bypass the proxy are seen within the TTLs only"
+            )
+            self.metrics.notification_active.set(0)
+            self._writes_seen = writes
+
+    # -- metastore calls --------------------------------------------------------------------
+
+    async def _call(self, method: str, **args: object) -> object:
+        conn = await self.pool.acquire(None)
+        try:
+            reply = await exchange(
+                conn, idl.encode_call(method, 0, **args), method, 0, self.options
+            )
+        except BaseException:
+            self.pool.discard(conn)
+            raise
+        self.pool.release(conn, reusable=True)
+        if reply.header.type != MessageType.REPLY:
+            raise LogUnavailable(f"{method} answered with an exception")
+        try:
+            result = idl.decode_result(method, reply.body)
+        except ProtocolError as exc:
+            raise LogUnavailable(str(exc)) from exc
+        if result.success is None:
+            raise LogUnavailable(f"{method} failed: {result}")
+        return result.success
+
+    async def _current_id(self) -> int:
+        current = await self._call("get_current_notificationEventId")
+        return int(current.eventId)  # type: ignore[attr-defined]
+
+    async def _last_applied(self) -> int | None:
+        raw = await self.engine.store.get(self.last_key)
+        return int(raw) if raw else None
+
+    async def _events_after(self, last: int) -> list[Event]:
+        request = idl.module().NotificationEventRequest(lastEvent=last, maxEvents=BATCH)
+        response = await self._call("get_next_notification", rqst=request)
+        return [
+            Event(
+                int(e.eventId),
+                int(e.eventTime or 0),
+                str(e.eventType or ""),
+                e.dbName,
+                e.tableName,
+                e.message or "",
+                e.messageFormat,
+            )
+            for e in (response.events or [])  # type: ignore[attr-defined]
+        ]
