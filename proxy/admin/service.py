@@ -6,6 +6,7 @@ keeps the replies, so what it prefetches is exactly what a Trino query would hav
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -191,6 +192,10 @@ class AdminService(pb_grpc.AdminServicer):
         batch = request.batch_size or 100
         try:
             table = await self.call("get_table", dbname=db, tbl_name=name)
+            with contextlib.suppress(LookupError, RuntimeError):  # as Trino asks for it
+                m = idl.module()
+                capabilities = m.ClientCapabilities([m.ClientCapability.INSERT_ONLY_TABLES])
+                await self.call("get_table_req", req=m.GetTableRequest(db, name, capabilities))
             yield pb.WarmProgress(stage="table")
             keys = [k.name for k in table.partitionKeys or []]
             if request.partition_filter:
