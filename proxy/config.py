@@ -112,6 +112,13 @@ def parse_optional_path(text: Any) -> str | None:
     return text or None
 
 
+def parse_optional_marker(text: Any) -> str | None:
+    text = str(text).strip()
+    if text and "=" not in text:
+        raise ValueError(f"expected PARAMETER=VALUE, got {text!r}")
+    return text or None
+
+
 def is_loopback(host: str) -> bool:
     import ipaddress
 
@@ -405,6 +412,43 @@ class Options:
         "is not a loopback address",
         metavar="PATH",
     )
+    seal_after: float = _opt(
+        3600.0,
+        parse_seconds,
+        "a partition not altered for this long (transient_lastDdlTime) is sealed: its file "
+        "listing may be cached",
+        metavar="SECONDS",
+    )
+    seal_marker: str | None = _opt(
+        None,
+        parse_optional_marker,
+        "a partition parameter that seals a partition at once, as PARAMETER=VALUE",
+        metavar="PARAM=VALUE",
+    )
+    seal_marker_file: str | None = _opt(
+        None,
+        parse_optional_path,
+        "also require this file in the directory before a partition counts as sealed (e.g. "
+        "_SUCCESS)",
+        metavar="NAME",
+    )
+    ttl_listings: float = _opt(
+        3600.0, parse_seconds, "seconds a sealed partition's file listing is cached", metavar="SECONDS"
+    )
+    s3_endpoint_url: str | None = _opt(
+        None, parse_optional_path, "S3 endpoint for s3:// locations (default: AWS)", metavar="URL"
+    )
+    s3_region: str | None = _opt(None, parse_optional_path, "S3 region", metavar="REGION")
+    s3_access_key: str | None = _opt(
+        None,
+        parse_optional_path,
+        "S3 access key (default: the usual AWS credential chain)",
+        metavar="KEY",
+        secret=True,
+    )
+    s3_secret_key: str | None = _opt(
+        None, parse_optional_path, "S3 secret key", metavar="SECRET", secret=True
+    )
     ready_without_redis: str = _opt(
         "on",
         choice("on", "off"),
@@ -422,7 +466,7 @@ class Options:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.metadata["secret"] and isinstance(value, str):
-                value = redact_url(value)
+                value = redact_url(value) if "://" in value else "***"
             if isinstance(value, tuple):
                 value = ",".join(str(v) for v in value)
             elif isinstance(value, Transport):
