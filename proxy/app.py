@@ -19,6 +19,7 @@ from proxy.config import Options
 from proxy.follower import NotificationFollower
 from proxy.handler import CallHandler
 from proxy.http import MetricsServer
+from proxy.listing.service import ListingService
 from proxy.metrics import Metrics
 from proxy.server import ThriftServer
 from proxy.upstream import UpstreamPool
@@ -57,7 +58,8 @@ class Proxy:
             follower,
         )
         service = AdminService(handler, cache, metrics, follower)
-        proxy.admin = AdminServer(options, service, proxy.readiness_checks)
+        listing = ListingService(options, service, cache, metrics)
+        proxy.admin = AdminServer(options, service, proxy.readiness_checks, listing)
         return proxy
 
     async def readiness_checks(self) -> dict[str, bool]:
@@ -126,7 +128,8 @@ def build_cache(options: Options, metrics: Metrics) -> CacheEngine:
         store = RedisStore(
             options.redis,
             timeout=options.redis_timeout,
-            version_ttl=ttls.longest * 2 + 60,
+            # A version hash must outlive every entry filled under it (listings included).
+            version_ttl=max(ttls.longest, options.ttl_listings) * 2 + 60,
             metrics=metrics,
             mode=options.redis_mode,
         )

@@ -421,10 +421,11 @@ write(
     T("dest_db", "dest_table_name"),
 )
 state("markPartitionForEvent")
-# An INSERT event: files changed, metadata did not (listings care, issue "sealed listings").
+# An INSERT event: files changed, metadata did not; cached file listings of the partition
+# (and its statistics, which describe the files) are no longer right.
 write(
     "fire_listener_event",
-    Scope.NONE,
+    P | ST,
     T("rqst.dbName", "rqst.tableName", "values:rqst.partitionVals"),
 )
 

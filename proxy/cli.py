@@ -56,9 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
             metavar=f.metadata["metavar"] or None,
             help=f"{f.metadata['help']} (default: {default})",
         )
-    from proxy.admin.cli import add_commands
+    from proxy.admin import cli as admin_cli
+    from proxy.listing import cli as listing_cli
 
-    add_commands(commands)
+    admin_cli.add_commands(commands)
+    listing_cli.add_commands(commands)
     return parser
 
 
@@ -66,9 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
-    from proxy.admin.cli import run
+    from proxy.admin import cli as admin_cli
+    from proxy.listing import cli as listing_cli
 
-    return run(args)
+    if args.command in listing_cli.COMMANDS:
+        return listing_cli.run(args)
+    return admin_cli.run(args)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -414,7 +414,7 @@ class Options:
     )
     seal_after: float = _opt(
         3600.0,
-        parse_seconds,
+        parse_non_negative_seconds,
         "a partition not altered for this long (transient_lastDdlTime) is sealed: its file "
         "listing may be cached",
         metavar="SECONDS",
@@ -433,7 +433,17 @@ class Options:
         metavar="NAME",
     )
     ttl_listings: float = _opt(
-        3600.0, parse_seconds, "seconds a sealed partition's file listing is cached", metavar="SECONDS"
+        3600.0,
+        parse_seconds,
+        "seconds a sealed partition's file listing is cached",
+        metavar="SECONDS",
+    )
+    listing_concurrency: int = _opt(
+        16,
+        parse_count,
+        "directories listed at once for one table listing (object stores answer each listing "
+        "in tens of milliseconds)",
+        metavar="N",
     )
     s3_endpoint_url: str | None = _opt(
         None, parse_optional_path, "S3 endpoint for s3:// locations (default: AWS)", metavar="URL"

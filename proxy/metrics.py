@@ -47,6 +47,8 @@ LOOKUP_RESULTS = ("hit", "miss", "negative_hit", "bypass")
 CACHE_OPERATIONS = ("connect", "get", "set", "delete", "version")
 INVALIDATION_SCOPES = tuple(s.name.lower() for s in catalog.Scope if s.name)
 INVALIDATION_REASONS = ("write", "notification", "admin", "ttl")
+LISTING_RESULTS = ("hit", "miss", "open")
+LISTING_SOURCES = ("cache", "storage")
 CLIENT_ERRORS = ("protocol", "too_large", "timeout", "bad_message_type")
 
 
@@ -235,6 +237,39 @@ class Metrics:
                 registry=r,
             )
         )
+        self.listing_lookups = _Children(
+            Counter(
+                "hmsproxy_listing_lookups",
+                "Partition directory listings asked for, by result (hit: a sealed partition's "
+                "cached listing; miss: sealed, listed from storage; open: listed live, never "
+                "cached)",
+                ["result"],
+                registry=r,
+            )
+        )
+        self.listing_duration = _Children(
+            Histogram(
+                "hmsproxy_listing_duration_seconds",
+                "Time to list one directory from storage, or to look up a request's cached "
+                "listings (one round trip for all its partitions)",
+                ["source"],
+                buckets=LATENCY_BUCKETS,
+                registry=r,
+            )
+        )
+        self.listing_files = _Children(
+            Counter(
+                "hmsproxy_listing_files",
+                "Files returned in listings, by where the listing came from",
+                ["source"],
+                registry=r,
+            )
+        )
+        self.listing_stale_fills = Counter(
+            "hmsproxy_listing_stale_fills",
+            "Listings not cached because their partition changed while they were being made",
+            registry=r,
+        )
         self.build_info = Gauge(
             "hmsproxy_build_info",
             "Always 1; labels carry the version",
@@ -269,6 +304,11 @@ class Metrics:
             self.upstream_connects.labels(result)
         for reason in CLIENT_ERRORS:
             self.client_errors.labels(reason)
+        for result in LISTING_RESULTS:
+            self.listing_lookups.labels(result)
+        for source in LISTING_SOURCES:
+            self.listing_files.labels(source)
+            self.listing_duration.labels(source)
         from proxy.cache.events import KNOWN, SKIPPED
 
         for kind in [*sorted(KNOWN - SKIPPED), "other"]:

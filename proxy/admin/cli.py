@@ -16,20 +16,28 @@ from proxy.cache.keys import PartitionNameError, parse_partition_name
 from proxy.config import ENV_PREFIX
 
 
-def add_commands(commands: Any) -> None:
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--admin",
-            default=os.environ.get(ENV_PREFIX + "ADMIN_LISTEN", "127.0.0.1:9091"),
-            help="the proxy's admin address "
-            "(default: $HMS_CACHE_PROXY_ADMIN_LISTEN or 127.0.0.1:9091)",
-        )
-        p.add_argument(
-            "--token-file",
-            default=os.environ.get(ENV_PREFIX + "ADMIN_TOKEN_FILE"),
-            help="file with the admin bearer token (default: $HMS_CACHE_PROXY_ADMIN_TOKEN_FILE)",
-        )
+def common(p: argparse.ArgumentParser) -> None:
+    """Where the admin port is, and its token: every admin-port command takes these."""
+    p.add_argument(
+        "--admin",
+        default=os.environ.get(ENV_PREFIX + "ADMIN_LISTEN", "127.0.0.1:9091"),
+        help="the proxy's admin address (default: $HMS_CACHE_PROXY_ADMIN_LISTEN or 127.0.0.1:9091)",
+    )
+    p.add_argument(
+        "--token-file",
+        default=os.environ.get(ENV_PREFIX + "ADMIN_TOKEN_FILE"),
+        help="file with the admin bearer token (default: $HMS_CACHE_PROXY_ADMIN_TOKEN_FILE)",
+    )
 
+
+def connect(args: argparse.Namespace) -> tuple[grpc.Channel, list[tuple[str, str]]]:
+    metadata = []
+    if args.token_file:
+        metadata.append(("authorization", f"Bearer {Path(args.token_file).read_text().strip()}"))
+    return grpc.insecure_channel(args.admin), metadata
+
+
+def add_commands(commands: Any) -> None:
     p = commands.add_parser(
         "invalidate", help="forget what the cache holds for a table or database"
     )
@@ -53,16 +61,9 @@ def add_commands(commands: Any) -> None:
     common(p)
 
 
-def _stub(args: argparse.Namespace) -> tuple[Any, list[tuple[str, str]]]:
-    channel = grpc.insecure_channel(args.admin)
-    metadata = []
-    if args.token_file:
-        metadata.append(("authorization", f"Bearer {Path(args.token_file).read_text().strip()}"))
-    return pb_grpc.AdminStub(channel), metadata  # type: ignore[no-untyped-call]
-
-
 def run(args: argparse.Namespace) -> int:
-    stub, metadata = _stub(args)
+    channel, metadata = connect(args)
+    stub = pb_grpc.AdminStub(channel)  # type: ignore[no-untyped-call]
     try:
         return int(globals()[f"_{args.command}"](stub, metadata, args))
     except grpc.RpcError as exc:

@@ -8,7 +8,8 @@ Health answers two services, for Kubernetes gRPC probes:
   answers (or ``--ready-without-redis on``, the default: the proxy then serves from the
   metastore, degraded). Checked every couple of seconds.
 
-The token guards the admin API only: probes cannot send one, and health reveals nothing.
+The token guards the admin and listing APIs, everything but health: probes cannot send one,
+and health reveals nothing.
 """
 
 from __future__ import annotations
@@ -26,18 +27,20 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from proxy.admin._gen import admin_pb2_grpc as pb_grpc
+from proxy.admin._gen import listing_pb2_grpc as listing_grpc
 from proxy.admin.service import AdminService
 from proxy.config import Options
+from proxy.listing.service import ListingService
 
 log = logging.getLogger(__name__)
 
-ADMIN_PREFIX = "/hmscacheproxy.admin.v1.Admin/"
+HEALTH_PREFIX = "/grpc.health.v1.Health/"
 READINESS = "readiness"
 CHECK_EVERY = 2.0
 
 
 class TokenGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Refuses admin calls that do not carry ``authorization: Bearer <token>``."""
+    """Refuses calls (but health checks) that do not carry ``authorization: Bearer <token>``."""
 
     def __init__(self, token: str) -> None:
         self.expected = f"Bearer {token}".encode()
@@ -48,7 +51,7 @@ class TokenGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if not details.method.startswith(ADMIN_PREFIX) or handler is None:
+        if details.method.startswith(HEALTH_PREFIX) or handler is None:
             return handler
         given = dict(details.invocation_metadata or ()).get("authorization", "")
         if hmac.compare_digest(str(given).encode(), self.expected):
@@ -77,9 +80,11 @@ class AdminServer:
         options: Options,
         service: AdminService,
         checks: Callable[[], Awaitable[dict[str, bool]]],
+        listing: ListingService | None = None,
     ) -> None:
         self.options = options
         self.service = service
+        self.listing = listing
         self.checks = checks
         self.health = HealthServicer()
         self._server: grpc.aio.Server | None = None
@@ -95,6 +100,8 @@ class AdminServer:
             interceptors.append(TokenGuard(token))
         self._server = grpc.aio.server(interceptors=interceptors)
         pb_grpc.add_AdminServicer_to_server(self.service, self._server)  # type: ignore[no-untyped-call]
+        if self.listing is not None:
+            listing_grpc.add_ListingServicer_to_server(self.listing, self._server)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self.port = self._server.add_insecure_port(str(self.options.admin_listen))
         await self._server.start()
@@ -138,3 +145,5 @@ class AdminServer:
                 await self._task
         if self._server is not None:
             await self._server.stop(grace=1.0)
+        if self.listing is not None:
+            self.listing.close()

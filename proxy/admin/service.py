@@ -27,6 +27,18 @@ from proxy.wire.framing import Message, Transport
 log = logging.getLogger(__name__)
 
 
+class MetastoreFailure(LookupError):
+    """The metastore answered with one of the method's declared exceptions."""
+
+    def __init__(self, method: str, exception: Any) -> None:
+        super().__init__(f"{method}: {exception}")
+        self.exception = exception
+
+    @property
+    def not_found(self) -> bool:
+        return type(self.exception).__name__ in ("NoSuchObjectException", "UnknownDBException")
+
+
 class _Keeper:
     """A client channel that keeps the reply instead of sending it anywhere."""
 
@@ -82,7 +94,7 @@ class AdminService(pb_grpc.AdminServicer):
         result = idl.decode_result(method, reply[got.length :])
         if result.success is None:
             failures = [v for k, v in vars(result).items() if k != "success" and v is not None]
-            raise LookupError(f"{method}: {failures[0] if failures else 'no result'}")
+            raise MetastoreFailure(method, failures[0] if failures else "no result")
         return result.success
 
     # -- rpcs ------------------------------------------------------------------------------
@@ -206,7 +218,7 @@ class AdminService(pb_grpc.AdminServicer):
                     filter=request.partition_filter,
                     max_parts=-1,
                 )
-                names = [_partition_name(keys, p.values) for p in found]
+                names = [partition_name(keys, p.values) for p in found]
             else:
                 names = list(
                     await self.call("get_partition_names", db_name=db, tbl_name=name, max_parts=-1)
@@ -227,7 +239,7 @@ class AdminService(pb_grpc.AdminServicer):
         yield pb.WarmProgress(stage="done", partitions_total=len(names), partitions_done=len(names))
 
 
-def _escape(text: str) -> str:
+def escape_path_name(text: str) -> str:
     """Hive's partition-path escaping (FileUtils.escapePathName)."""
     special = set("\"#%'*/:=?\\\x7f{[]^")
     out = []
@@ -239,5 +251,8 @@ def _escape(text: str) -> str:
     return "".join(out) or "__HIVE_DEFAULT_PARTITION__"
 
 
-def _partition_name(keys: list[str], values: list[str]) -> str:
-    return "/".join(f"{_escape(k.lower())}={_escape(v)}" for k, v in zip(keys, values, strict=True))
+def partition_name(keys: list[str], values: list[str]) -> str:
+    return "/".join(
+        f"{escape_path_name(k.lower())}={escape_path_name(v)}"
+        for k, v in zip(keys, values, strict=True)
+    )

@@ -140,7 +140,9 @@ def _partition_values(refs: Iterable[str], args: Any) -> list[tuple[str, ...]] |
         kind, path = ref.split(":", 1)
         found = catalog.resolve(path, args)
         if kind == "values":
-            out += [tuple(v) for v in found if isinstance(v, list)]
+            # An empty list names no partition (fire_listener_event on an unpartitioned
+            # table): the caller then treats the table's partitions as a whole.
+            out += [tuple(v) for v in found if isinstance(v, list) and v]
         elif kind == "objects":
             for obj in found:
                 values = getattr(obj, "values", None)

@@ -25,7 +25,9 @@ class SealRule:
     marker: tuple[str, str] | None = None  # (parameter, value)
     marker_file: str | None = None
 
-    def sealed(self, parameters: Mapping[str, str] | None, now: float, names: set[str] | None) -> bool:
+    def sealed(
+        self, parameters: Mapping[str, str] | None, now: float, names: set[str] | None
+    ) -> bool:
         """``names``: every file name in the directory (hidden ones too), or ``None`` if not
         listed yet (then a required marker file counts as missing)."""
         params = parameters or {}

@@ -116,38 +116,41 @@ class Plan:
 
 
 def plan(
-    sizes: Sequence[int],
+    partitions: Sequence[Sequence[int]],
     engine: str,
     *,
     trino: TrinoRules = TrinoRules(),
     spark: SparkRules = SparkRules(),
     small_file_threshold: int = 32 * MB,
     target_file_size: int = 128 * MB,
-    partitions: int = 0,
 ) -> Plan:
-    """Splits for ``engine`` ("trino" or "spark"), and what compaction would change."""
+    """Splits ``engine`` ("trino" or "spark") makes of a scan of ``partitions`` (the file
+    sizes of each), and what compacting each partition into files of ``target_file_size``
+    would change (files are never merged across partitions)."""
 
     def count(files: Sequence[int]) -> int:
         return trino_splits(files, trino) if engine == "trino" else spark_splits(files, spark)
 
-    total = sum(sizes)
+    sizes = [size for files in partitions for size in files]
+    compacted: list[int] = []
+    for files in partitions:
+        total_p = sum(files)
+        if total_p:
+            n = math.ceil(total_p / target_file_size)
+            compacted += [total_p // n + (1 if i < total_p % n else 0) for i in range(n)]
     histogram = tuple(
         Bucket(label, sum(1 for s in sizes if lo <= s < hi), sum(s for s in sizes if lo <= s < hi))
         for label, lo, hi in BUCKETS
     )
-    compacted = max(1, math.ceil(total / target_file_size)) if total else 0
-    # Compaction into ``compacted`` files of equal size (per partition in practice; the
-    # total is what the estimate needs).
-    even = [total // compacted + (1 if i < total % compacted else 0) for i in range(compacted)]
     return Plan(
         engine=engine,
         splits=count(sizes),
         files=len(sizes),
-        bytes=total,
+        bytes=sum(sizes),
         histogram=histogram,
         small_files=sum(1 for s in sizes if s < small_file_threshold),
         small_file_threshold=small_file_threshold,
-        compacted_files=compacted,
-        compacted_splits=count(even) if compacted else 0,
-        partitions=partitions,
+        compacted_files=len(compacted),
+        compacted_splits=count(compacted),
+        partitions=len(partitions),
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import posixpath
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,11 @@ def _mtime_ms(info: dict[str, Any]) -> int:
 class Storage:
     def __init__(self, options: Options) -> None:
         self.options = options
+        # Threads of its own: listings wait on object stores, and must neither starve nor be
+        # starved by the default executor's few threads.
+        self._threads = ThreadPoolExecutor(
+            max_workers=max(1, options.listing_concurrency), thread_name_prefix="listing"
+        )
 
     def _storage_options(self, protocol: str) -> dict[str, Any]:
         if protocol in ("s3", "s3a", "s3n"):
@@ -89,6 +95,10 @@ class Storage:
 
     def list_sync(self, location: str, recursive: bool) -> Directory:
         fs, root = self._filesystem(location)
+        root = root.rstrip("/")
+        # Paths are given in the location's own spelling (file:/..., s3a://...), as the
+        # metastore and the engines write them.
+        base = location.rstrip("/")
         fs.invalidate_cache(root)  # s3fs keeps listings; a live listing must not reuse them
         try:
             entries = fs.ls(root, detail=True)
@@ -101,21 +111,27 @@ class Storage:
         pending = list(entries)
         while pending:
             entry = pending.pop()
-            name = posixpath.basename(entry["name"].rstrip("/"))
-            if hidden(name):
+            name = entry["name"].rstrip("/")
+            if hidden(posixpath.basename(name)) or not name.startswith(root + "/"):
                 continue
             if entry.get("type") == "directory":
                 if recursive:
                     try:
-                        fs.invalidate_cache(entry["name"])
-                        pending.extend(fs.ls(entry["name"], detail=True))
+                        fs.invalidate_cache(name)
+                        pending.extend(fs.ls(name, detail=True))
+                    except FileNotFoundError:
+                        continue  # removed while listed
                     except OSError as exc:
-                        raise StorageError(f"cannot list {entry['name']}: {exc}") from exc
+                        raise StorageError(f"cannot list {name}: {exc}") from exc
                 continue
-            path = fs.unstrip_protocol(entry["name"])
+            path = f"{base}/{name[len(root) + 1 :]}"
             files.append(FileEntry(path, int(entry.get("size") or 0), _mtime_ms(entry)))
         files.sort(key=lambda f: f.path)
         return Directory(tuple(files), names)
 
     async def list(self, location: str, recursive: bool) -> Directory:
-        return await asyncio.to_thread(self.list_sync, location, recursive)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, self.list_sync, location, recursive)
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)

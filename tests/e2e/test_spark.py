@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from proxy import idl
 from tests.rig import raw
 from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
+from tests.rig.waiting import wait_for_follower
 
 JOB = Path(__file__).with_name("spark_job.py")
 REPO = JOB.parents[2]
@@ -57,16 +57,6 @@ def test_spark_sees_the_same_through_the_proxy(hms: MetastoreServer, proxy: Prox
             for o in ("ok", "user_error")
         )
         assert seen >= 1, method
-
-
-def wait_for_follower(hms: MetastoreServer, proxy: ProxyProcess, timeout: float = 30) -> None:
-    """Until the proxy has applied every event the HMS logged so far."""
-    reply = raw.call(hms.host, hms.port, idl.encode_call("get_current_notificationEventId", 1))
-    head = idl.decode_result("get_current_notificationEventId", reply[43:]).success.eventId
-    deadline = time.monotonic() + timeout
-    while proxy.metric("hmsproxy_notification_last_event_id") < head:
-        assert time.monotonic() < deadline, "the follower did not catch up"
-        time.sleep(0.1)
 
 
 @pytest.mark.spark

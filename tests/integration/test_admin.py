@@ -22,6 +22,7 @@ from tests.rig.ports import free_port
 from tests.rig.proxy_process import REPO, ProxyProcess
 from tests.rig.redis_server import RedisServer
 from tests.rig.sample import Sample, client, create
+from tests.rig.waiting import eventually
 
 from .test_cache import upstream_calls
 
@@ -47,13 +48,6 @@ def cli(proxy: ProxyProcess, *args: str) -> subprocess.CompletedProcess[str]:
         cwd=REPO,
         timeout=60,
     )
-
-
-def eventually(check: object, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition never held"
-        time.sleep(0.2)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -242,14 +241,6 @@ def test_partitions_take_a_quarter_of_their_bytes_in_redis(
 
 
 # -- Redis failing -----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
 
 
 class Workload:

@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import pytest
-
 from proxy import idl
 from tests.conftest import ProxyFactory
 from tests.rig import raw
@@ -146,14 +144,6 @@ def test_with_notifications_off_the_ttl_bounds_staleness(
     assert seconds_until_fresh(hms, proxy, sample, limit=6) < 4
     for write in writes:
         write()
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_one_follower_at_a_time_and_takeover(

@@ -25,7 +25,7 @@ class Sample:
     partition_names: tuple[str, ...] = tuple(f"ds={d}/region={r}" for d in DAYS for r in REGIONS)
 
 
-def _sd(location: str) -> t.StorageDescriptor:
+def storage_descriptor(location: str) -> t.StorageDescriptor:
     return t.StorageDescriptor(
         cols=[t.FieldSchema(name, kind, None) for name, kind in COLUMNS],
         location=location,
@@ -66,7 +66,7 @@ def create(host: str, port: int, warehouse: str, *, framed: bool = False) -> Sam
                 tableName=PARTITIONED,
                 dbName=DB,
                 owner="rig",
-                sd=_sd(f"{warehouse}/{DB}.db/{PARTITIONED}"),
+                sd=storage_descriptor(f"{warehouse}/{DB}.db/{PARTITIONED}"),
                 partitionKeys=[
                     t.FieldSchema("ds", "string", None),
                     t.FieldSchema("region", "string", None),
@@ -80,7 +80,7 @@ def create(host: str, port: int, warehouse: str, *, framed: bool = False) -> Sam
                 tableName=UNPARTITIONED,
                 dbName=DB,
                 owner="rig",
-                sd=_sd(f"{warehouse}/{DB}.db/{UNPARTITIONED}"),
+                sd=storage_descriptor(f"{warehouse}/{DB}.db/{UNPARTITIONED}"),
                 partitionKeys=[],
                 parameters={},
                 tableType="MANAGED_TABLE",
@@ -91,7 +91,7 @@ def create(host: str, port: int, warehouse: str, *, framed: bool = False) -> Sam
                 values=[d, r],
                 dbName=DB,
                 tableName=PARTITIONED,
-                sd=_sd(f"{warehouse}/{DB}.db/{PARTITIONED}/ds={d}/region={r}"),
+                sd=storage_descriptor(f"{warehouse}/{DB}.db/{PARTITIONED}/ds={d}/region={r}"),
                 parameters={"numRows": "10"},
             )
             for d in DAYS
@@ -133,7 +133,7 @@ def create_slow_table(host: str, port: int, db: str = DB) -> str:
                     tableName=SLOW_TABLE,
                     dbName=db,
                     owner="rig",
-                    sd=_sd(None),  # type: ignore[arg-type]
+                    sd=storage_descriptor(None),  # type: ignore[arg-type]
                     partitionKeys=[],
                     parameters={},
                     tableType="MANAGED_TABLE",

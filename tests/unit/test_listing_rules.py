@@ -69,10 +69,14 @@ def test_spark_properties(sizes: list[int], parallelism: int) -> None:
 
 
 def test_plan_summarises_small_files_and_compaction() -> None:
-    p = plan([500 * KB] * 10_080, "trino", target_file_size=128 * MB)
-    assert (p.splits, p.files, p.small_files) == (10_080, 10_080, 10_080)
-    assert p.compacted_files == math.ceil(10_080 * 500 * KB / (128 * MB))
-    assert p.compacted_splits < p.splits
+    p = plan([[500 * KB] * 10_080], "trino", target_file_size=128 * MB)
+    assert (p.splits, p.files, p.small_files, p.partitions) == (10_080, 10_080, 10_080, 1)
+    assert p.compacted_files == math.ceil(10_080 * 500 * KB / (128 * MB))  # 39
+    # 39 files of ~126 MB, each cut in four 32 MB initial splits (156 of the 200 allowed).
+    assert p.compacted_splits == 39 * 4
+    # Compaction works per partition: 10 partitions of 1 MB make 10 files, not 1.
+    per_partition = plan([[100 * KB] * 10] * 10, "spark")
+    assert (per_partition.compacted_files, per_partition.partitions) == (10, 10)
     assert sum(b.files for b in p.histogram) == p.files
     assert sum(b.bytes for b in p.histogram) == p.bytes
 
