@@ -54,6 +54,12 @@ class MetastoreServer:
             # The rig's own stand-in for DbNotificationListener (not in the pyspark jars).
             "hive.metastore.event.listeners": "hmsproxy.rig.NotificationLog",
             "hmsproxy.rig.caller.log": str(self.caller_log),
+            # No hadoop-aws in the pyspark jars: a stand-in lets tables live on s3:// and
+            # s3a:// (see ObjectStoreStub.java; the proxy lists the real objects itself).
+            "fs.s3.impl": "hmsproxy.rig.ObjectStoreStub",
+            "fs.s3a.impl": "hmsproxy.rig.ObjectStoreStub",
+            "fs.s3.impl.disable.cache": "true",
+            "fs.s3a.impl.disable.cache": "true",
             # Partition-level column statistics are on in Hive by default; keep the default.
         }
 
