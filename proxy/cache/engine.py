@@ -290,7 +290,7 @@ class CacheEngine:
             return False
         self.metrics.cache_stored_bytes.inc(len(stored))
         if self._l1 is not None:
-            self._l1.put(plan.key, fp, codec.Entry(fp, flags, reply.data), ttl)
+            self._l1.put(plan.key, fp, codec.Entry(fp, flags, reply.data, time.time() + ttl), ttl)
         return True
 
     # -- single flight ---------------------------------------------------------------------
@@ -393,13 +393,15 @@ class CacheEngine:
         pp = plan.partitions
         assert pp is not None
         dictionary = self._table_dictionary(pp.tag, next(iter(got.values()), None))
+        # The in-process copies carry their expiry like decoded ones: look-ups check it.
+        expires = time.time() + plan.ttl
         items = []
         for values in asked:
             pf = versions.get(partition_field(values))
             ekey = self.naming.partition_entry(pp.tag, pp.variant, values)
             if values in got:
                 fp = codec.fingerprint([versions[EPOCH], versions.get("pgen"), pf])
-                entry = codec.Entry(fp, 0, got[values])
+                entry = codec.Entry(fp, 0, got[values], expires)
                 value = codec.encode(
                     fp,
                     0,
@@ -410,7 +412,7 @@ class CacheEngine:
                 )
             else:
                 fp = codec.fingerprint([versions[EPOCH], versions.get("partset"), pf])
-                entry = codec.Entry(fp, codec.ABSENT, b"")
+                entry = codec.Entry(fp, codec.ABSENT, b"", expires)
                 value = codec.encode(fp, codec.ABSENT, b"", plan.ttl, compress=False)
             items.append((ekey, value, plan.ttl))
             if self._l1 is not None:

@@ -63,16 +63,26 @@ def trino_select(sample: Sample, seqid: int) -> list[bytes]:
     ]
 
 
+@pytest.fixture(params=["embedded", "redis"])
+def any_store(
+    request: pytest.FixtureRequest, own_redis: RedisServer, proxy_factory: ProxyFactory
+) -> ProxyProcess:
+    """A proxy on each cache store: the in-process copies in front of Redis must hit too."""
+    if request.param == "redis":
+        return proxy_factory("--redis", own_redis.url)
+    return proxy_factory()
+
+
 def test_trino_select_replayed_is_answered_without_the_hms(
-    hms: MetastoreServer, proxy: ProxyProcess, sample: Sample
+    hms: MetastoreServer, any_store: ProxyProcess, sample: Sample
 ) -> None:
-    first = [raw.call("127.0.0.1", proxy.port, r) for r in trino_select(sample, 11)]
+    first = [raw.call("127.0.0.1", any_store.port, r) for r in trino_select(sample, 11)]
     direct = [raw.call(hms.host, hms.port, r) for r in trino_select(sample, 11)]
     assert first == direct
-    calls_before, reads_before = upstream_calls(proxy), len(hms.callers())
-    second = [raw.call("127.0.0.1", proxy.port, r) for r in trino_select(sample, 11)]
+    calls_before, reads_before = upstream_calls(any_store), len(hms.callers())
+    second = [raw.call("127.0.0.1", any_store.port, r) for r in trino_select(sample, 11)]
     assert second == direct
-    assert upstream_calls(proxy) == calls_before  # the HMS received nothing
+    assert upstream_calls(any_store) == calls_before  # the HMS received nothing
     assert len(hms.callers()) == reads_before
     for method in (
         "get_table_req",
@@ -80,7 +90,7 @@ def test_trino_select_replayed_is_answered_without_the_hms(
         "get_partitions_by_names",
         "get_partitions_statistics_req",
     ):
-        assert proxy.metric("hmsproxy_cache_lookups_total", method=method, result="hit") == 1, (
+        assert any_store.metric("hmsproxy_cache_lookups_total", method=method, result="hit") == 1, (
             method
         )
 
@@ -93,33 +103,35 @@ def _by_names(port: int, sample: Sample, names: list[str], seqid: int = 3) -> by
 
 
 def test_by_names_fetches_only_the_partitions_it_lacks(
-    hms: MetastoreServer, proxy: ProxyProcess, sample: Sample
+    hms: MetastoreServer, any_store: ProxyProcess, sample: Sample
 ) -> None:
     names = list(sample.partition_names)
     absent = ["ds=1999-12-31/region=eu", "ds=1999-12-31/region=us"]
-    _by_names(proxy.port, sample, names[:4] + absent[:1])  # caches 4, and 1 as absent
-    calls_before = upstream_calls(proxy)
+    _by_names(any_store.port, sample, names[:4] + absent[:1])  # caches 4, and 1 as absent
+    calls_before = upstream_calls(any_store)
     wanted = list(reversed(names)) + absent  # any order, some absent, some new
-    through = _by_names(proxy.port, sample, wanted)
+    through = _by_names(any_store.port, sample, wanted)
     assert raw.same_result("get_partitions_by_names", through, _by_names(hms.port, sample, wanted))
-    assert upstream_calls(proxy) == calls_before + 1  # one call, for the 3 it lacked
-    assert proxy.metric("hmsproxy_cache_partitions_total", result="hit") == 5  # 4 + 1 absent
-    assert proxy.metric("hmsproxy_cache_partitions_total", result="miss") == 5 + 3
+    assert upstream_calls(any_store) == calls_before + 1  # one call, for the 3 it lacked
+    assert any_store.metric("hmsproxy_cache_partitions_total", result="hit") == 5  # 4 + 1 absent
+    assert any_store.metric("hmsproxy_cache_partitions_total", result="miss") == 5 + 3
 
 
 def test_a_write_to_one_partition_keeps_the_others(
-    hms: MetastoreServer, proxy: ProxyProcess, sample: Sample
+    hms: MetastoreServer, any_store: ProxyProcess, sample: Sample
 ) -> None:
     names = list(sample.partition_names)
-    _by_names(proxy.port, sample, names)
-    with client("127.0.0.1", proxy.port) as c:
+    _by_names(any_store.port, sample, names)
+    with client("127.0.0.1", any_store.port) as c:
         part = c.get_partition_by_name(sample.db, sample.table, names[2])
         part.parameters["touched"] = str(time.time())
         c.alter_partition(sample.db, sample.table, part)
-    hits = proxy.metric("hmsproxy_cache_partitions_total", result="hit")
-    fresh = _by_names(proxy.port, sample, names)
+    hits = any_store.metric("hmsproxy_cache_partitions_total", result="hit")
+    fresh = _by_names(any_store.port, sample, names)
     assert raw.same_result("get_partitions_by_names", fresh, _by_names(hms.port, sample, names))
-    assert proxy.metric("hmsproxy_cache_partitions_total", result="hit") == hits + len(names) - 1
+    assert (
+        any_store.metric("hmsproxy_cache_partitions_total", result="hit") == hits + len(names) - 1
+    )
 
 
 def test_not_found_is_remembered_until_created(
