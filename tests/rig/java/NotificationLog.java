@@ -1,5 +1,10 @@
 package hmsproxy.rig;
 
+import java.sql.Connection;
+import java.sql.DriverManager;
+import java.sql.ResultSet;
+import java.sql.SQLException;
+import java.sql.Statement;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
@@ -30,6 +35,10 @@ import org.apache.hadoop.hive.metastore.messaging.MessageFactory;
  * every successful change to the metastore's own notification log, in Hive 2.3's json-0.2
  * messages, so get_next_notification on the real server returns them.
  *
+ * The log's table is created as Hive's schematool creates it, with MESSAGE a CLOB: the schema
+ * DataNucleus would derive on its own makes it a LONG VARCHAR of at most 32,700 characters, too
+ * small for the message of an add_partitions of a few dozen partitions.
+ *
  * Creating a database named "rig_purge_notifications" is a control signal, not logged: it
  * deletes the events older than one second, as the HMS's own time-to-live cleaner would, so
  * tests can produce a gap in the log.
@@ -37,8 +46,28 @@ import org.apache.hadoop.hive.metastore.messaging.MessageFactory;
 public class NotificationLog extends MetaStoreEventListener {
   private final MessageFactory messages = MessageFactory.getInstance();
 
-  public NotificationLog(Configuration config) {
+  public NotificationLog(Configuration config) throws SQLException {
     super(config);
+    String url = config.get("javax.jdo.option.ConnectionURL", "");
+    if (url.startsWith("jdbc:derby:")) {
+      createLogTable(url);
+    }
+  }
+
+  private static void createLogTable(String url) throws SQLException {
+    try (Connection c = DriverManager.getConnection(url)) {
+      try (ResultSet found = c.getMetaData().getTables(null, "APP", "NOTIFICATION_LOG", null)) {
+        if (found.next()) return;
+      }
+      try (Statement s = c.createStatement()) {
+        s.execute(
+            "CREATE TABLE \"APP\".\"NOTIFICATION_LOG\" (\"NL_ID\" BIGINT NOT NULL, "
+                + "\"DB_NAME\" VARCHAR(128), \"EVENT_ID\" BIGINT NOT NULL, "
+                + "\"EVENT_TIME\" INTEGER NOT NULL, \"EVENT_TYPE\" VARCHAR(32) NOT NULL, "
+                + "\"MESSAGE\" CLOB, \"TBL_NAME\" VARCHAR(256), \"MESSAGE_FORMAT\" VARCHAR(16), "
+                + "PRIMARY KEY (\"NL_ID\"))");
+      }
+    }
   }
 
   private RawStore store() throws MetaException {
