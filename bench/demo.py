@@ -10,7 +10,10 @@
    get_partition_names_ps, get_partitions_by_names in batches, get_partitions_statistics_req)
    and Spark's (get_table, get_partitions_by_filter), plus a few writes;
 5. runs the same reads straight at the metastore, interleaved, and prints per-method calls,
-   outcomes and latency direct vs through the proxy, from the proxy's own /metrics.
+   outcomes and latency direct vs through the proxy, from the proxy's own /metrics;
+6. writes small files into 20 partitions, seals half of them, lists the table's files twice
+   over gRPC (sealed listings come from the cache the second time) and asks how many splits
+   Trino and Spark would make of it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from hmsclient.genthrift.hive_metastore import ttypes as t
 from bench.common import TimedConnection
 from proxy import idl
 from tests.rig.hms import MetastoreServer
+from tests.rig.listing import Listings
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.redis_server import RedisServer
 from tests.rig.sample import client
@@ -158,6 +162,43 @@ def timed_round(
         into.setdefault(name, []).append(conn.timed(request, lengths[request]))
 
 
+def listing_demo(proxy: ProxyProcess, warehouse: Path, names: list[str]) -> None:
+    """Files in 20 partitions (40 files of 300 KB each), half of them sealed by a marker."""
+    for name in names[:20]:
+        directory = warehouse / f"{DB}.db" / TABLE / name
+        directory.mkdir(parents=True, exist_ok=True)
+        for i in range(40):
+            with open(directory / f"part-{i:05d}.parquet", "wb") as f:
+                f.truncate(300 * 1024)
+    with client("127.0.0.1", proxy.port) as c:
+        for name in names[:10]:
+            part = c.get_partition_by_name(DB, TABLE, name)
+            part.parameters["sealed"] = "true"
+            c.alter_partition(DB, TABLE, part)
+    api = Listings(proxy)
+    where = f'ds <= "{names[19][3:]}"'
+    rounds = []
+    for _ in range(2):
+        started = time.perf_counter()
+        listings = api.table(DB, TABLE, where)
+        rounds.append((time.perf_counter() - started, sum(p.from_cache for p in listings)))
+    files = sum(len(p.files) for p in listings)
+    print(
+        f"\nFile listings of {len(listings)} partitions ({files} files; 10 sealed by the"
+        f" parameter sealed=true):\n  first call {rounds[0][0] * 1000:.1f} ms"
+        f" ({rounds[0][1]} from cache), second call {rounds[1][0] * 1000:.1f} ms"
+        f" ({rounds[1][1]} from cache; the open ones are always listed live)"
+    )
+    for engine in ("trino", "spark"):
+        plan = api.splits(DB, TABLE, partition_filter=where, engine=engine)
+        print(
+            f"  {engine}: {plan.splits:,} splits for {plan.files:,} files of 300 KB"
+            f" ({plan.small_files:,} under 32 MiB); compacted into {plan.compacted_files} files:"
+            f" {plan.compacted_splits} splits"
+        )
+    print(f"  (try: hms-cache-proxy splits {DB}.{TABLE} --admin 127.0.0.1:{proxy.admin_port})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -182,6 +223,7 @@ def main() -> None:
             step(f"started redis-server on port {redis.port}")
         else:
             step("redis-server not installed: the proxy uses its embedded cache")
+        extra += ["--seal-marker", "sealed=true"]
         proxy = ProxyProcess(work, hms.uri, "--log-level", "warning", *extra).start()
         step(
             f"proxy listening on 127.0.0.1:{proxy.port} -> {hms.uri}"
@@ -252,6 +294,7 @@ def main() -> None:
             f"calls the proxy sent to the metastore: {int(upstream)};"
             f" connections it opened: {int(opened)}"
         )
+        listing_demo(proxy, hms.warehouse, names)
     finally:
         if proxy is not None:
             proxy.stop()

@@ -222,6 +222,21 @@ def test_a_partition_write_without_names_invalidates_all_partitions() -> None:
     assert (TV, "pgen") in bumped(plan)
 
 
+def test_an_insert_event_invalidates_the_partition_it_names() -> None:
+    """fire_listener_event changes no metadata, but the files (listings, statistics)."""
+
+    def insert(values: list[str]) -> Any:
+        data = M.FireEventRequestData(insertData=M.InsertEventRequestData(filesAdded=["f"]))
+        return write_plan(
+            "fire_listener_event",
+            rqst=M.FireEventRequest(True, data, "db", "t", values),
+        )
+
+    assert bumped(insert(["1"])) == {(TV, "parts"), (TV, partition_field(["1"]))}
+    # An unpartitioned table's event names no partition: its partitions as a whole.
+    assert (TV, "pgen") in bumped(insert([]))
+
+
 def test_create_and_drop_table_replace_the_epoch() -> None:
     table = M.Table(tableName="T", dbName="DB")
     for plan in (
