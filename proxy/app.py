@@ -63,10 +63,9 @@ class Proxy:
         return proxy
 
     async def readiness_checks(self) -> dict[str, bool]:
-        checks = {
-            "listening": self.thrift.listening,
-            "metastore": await self.pool.probe(),
-        }
+        metastore = await self.pool.probe()
+        self.metrics.upstream_available.set(1 if metastore else 0)
+        checks = {"listening": self.thrift.listening, "metastore": metastore}
         if self.cache is not None and self.options.redis:
             redis_ok = await self.cache.store.ping()
             self.metrics.cache_available.set(1 if redis_ok else 0)

@@ -181,6 +181,12 @@ class Metrics:
                 registry=r,
             )
         )
+        self.upstream_available = Gauge(
+            "hmsproxy_upstream_available",
+            "1 while the Hive Metastore answers the proxy's health probe (every 2 s), else 0",
+            registry=r,
+        )
+        self.upstream_available.set(1)
         self.cache_available = Gauge(
             "hmsproxy_cache_available",
             "1 while the cache store (Redis) answers; 0: degraded, serving from the metastore",
