@@ -22,6 +22,7 @@ from proxy.http import MetricsServer
 from proxy.listing.service import ListingService
 from proxy.metrics import Metrics
 from proxy.server import ThriftServer
+from proxy.status import Activity, render
 from proxy.upstream import UpstreamPool
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,10 @@ class Proxy:
     @classmethod
     def build(cls, options: Options, metrics: Metrics | None = None) -> Proxy:
         metrics = metrics or Metrics()
+        activity = Activity(show_names=options.status_show_names == "on")
         pool = UpstreamPool(options, metrics)
-        cache = build_cache(options, metrics) if options.cache == "on" else None
-        handler = CallHandler(options, pool, metrics, cache)
+        cache = build_cache(options, metrics, activity) if options.cache == "on" else None
+        handler = CallHandler(options, pool, metrics, cache, activity)
         follower = None
         if cache is not None and options.notifications != "off":
             follower = NotificationFollower(options, cache, pool, metrics)
@@ -53,7 +55,11 @@ class Proxy:
             metrics,
             pool,
             ThriftServer(options, handler, metrics),
-            MetricsServer(options.metrics_listen, metrics),
+            MetricsServer(
+                options.metrics_listen,
+                metrics,
+                lambda: render(metrics, activity, status_facts(options, cache)),
+            ),
             cache,
             follower,
         )
@@ -120,7 +126,20 @@ def ttls_of(options: Options) -> Ttls:
     )
 
 
-def build_cache(options: Options, metrics: Metrics) -> CacheEngine:
+def status_facts(options: Options, cache: CacheEngine | None) -> dict[str, object]:
+    """What the status page shows that the metrics do not hold."""
+    if cache is None:
+        store = "off"
+    elif options.redis:
+        store = f"Redis ({options.redis_mode})"
+    else:
+        store = "embedded (in this process)"
+    return {"upstreams": [str(e) for e in options.upstream], "store": store}
+
+
+def build_cache(
+    options: Options, metrics: Metrics, activity: Activity | None = None
+) -> CacheEngine:
     ttls = ttls_of(options)
     store: Store
     if options.redis:
@@ -145,6 +164,7 @@ def build_cache(options: Options, metrics: Metrics) -> CacheEngine:
         max_entry_bytes=options.cache_max_entry_bytes,
         write_fence=options.write_fence_seconds,
         stale_window=options.stale_if_error,
+        activity=activity,
     )
 
 

@@ -50,11 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = Options().printable()
     for f in option_fields():
         default = defaults[f.name] if defaults[f.name] not in (None, "") else "none"
+        switch = f.metadata["metavar"] == "on|off"  # a bare --flag means on
         serve.add_argument(
             flag_name(f.name),
             dest=f.name,
             metavar=f.metadata["metavar"] or None,
             help=f"{f.metadata['help']} (default: {default})",
+            nargs="?" if switch else None,
+            const="on" if switch else None,
         )
     from proxy.admin import cli as admin_cli
     from proxy.listing import cli as listing_cli

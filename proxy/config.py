@@ -459,6 +459,13 @@ class Options:
     s3_secret_key: str | None = _opt(
         None, parse_optional_path, "S3 secret key", metavar="SECRET", secret=True
     )
+    status_show_names: str = _opt(
+        "off",
+        choice("on", "off"),
+        "on: the status page (/ on the metrics port) names the busiest tables; off: it shows a "
+        "short hash of each name instead",
+        metavar="on|off",
+    )
     ready_without_redis: str = _opt(
         "on",
         choice("on", "off"),

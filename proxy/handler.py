@@ -33,6 +33,7 @@ from proxy.cache.plan import FLUSH, ReadPlan
 from proxy.catalog import Kind, MethodSpec
 from proxy.config import Options
 from proxy.metrics import Metrics, method_label
+from proxy.status import Activity
 from proxy.upstream import (
     Identity,
     UpstreamClosed,
@@ -125,11 +126,13 @@ class CallHandler:
         pool: UpstreamPool,
         metrics: Metrics,
         cache: CacheEngine | None = None,
+        activity: Activity | None = None,
     ) -> None:
         self.options = options
         self.pool = pool
         self.metrics = metrics
         self.cache = cache
+        self.activity = activity or Activity(show_names=False)
 
     async def handle(self, session: SessionState, message: Message, client: ClientChannel) -> None:
         """Answer one call. Raises ClientGone when the client connection must be closed."""
@@ -184,6 +187,8 @@ class CallHandler:
             return await self._partition_read(session, message, client, plan)
         look = await self.cache.lookup(plan)
         self.metrics.cache_lookups.labels(label, look.result.value).inc()
+        if plan.table is not None:
+            self.activity.looked_up(plan.table, look.result in (Result.HIT, Result.NEGATIVE_HIT))
         if look.result in (Result.HIT, Result.NEGATIVE_HIT):
             await _send_cached(client, look.reply, message.header.seqid)
             return result_outcome(
@@ -240,6 +245,7 @@ class CallHandler:
         pp, method, label = plan.partitions, plan.method, method_label(plan.method)
         look = await self.cache.lookup_partitions(plan)
         self.metrics.cache_lookups.labels(label, look.result.value).inc()
+        self.activity.looked_up(pp.table, look.result is Result.HIT)
         if look.result is Result.BYPASS:
             return await self._forward(session, message, client, retries=1), "upstream"
         seqid = message.header.seqid

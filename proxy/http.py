@@ -1,7 +1,8 @@
-"""A small HTTP/1.1 server on the metrics port: ``/metrics`` for Prometheus.
+"""A small HTTP/1.1 server on the metrics port: ``/metrics`` for Prometheus, ``/`` the status
+page for people.
 
 Written on asyncio streams rather than prometheus_client's threaded server so that it shares
-the event loop (no locks around the metrics) and can grow more pages later.
+the event loop (no locks around the metrics or the status figures).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -21,9 +23,12 @@ MAX_REQUEST_HEAD = 16 * 1024
 
 
 class MetricsServer:
-    def __init__(self, listen: HostPort, metrics: Metrics) -> None:
+    def __init__(
+        self, listen: HostPort, metrics: Metrics, status: Callable[[], bytes] | None = None
+    ) -> None:
         self.listen = listen
         self.metrics = metrics
+        self.status = status
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -53,6 +58,9 @@ class MetricsServer:
             elif path == "/metrics":
                 status, ctype = "200 OK", CONTENT_TYPE_LATEST
                 body = generate_latest(self.metrics.registry)
+            elif path == "/" and self.status is not None:
+                status, ctype = "200 OK", "text/html; charset=utf-8"
+                body = self.status()
             elif path == "/":
                 status, ctype = "200 OK", "text/plain; charset=utf-8"
                 body = b"hms-cache-proxy: metrics at /metrics\n"

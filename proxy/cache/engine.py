@@ -36,6 +36,7 @@ from proxy.cache.plan import Bump, PartitionPlan, Planner, ReadPlan, VersionRef,
 from proxy.cache.store import FENCED, CacheUnavailable, Store
 from proxy.catalog import MethodSpec
 from proxy.metrics import Metrics
+from proxy.status import Activity
 from proxy.wire.binary import MessageType
 from proxy.wire.errors import ProtocolError
 from proxy.wire.framing import Message
@@ -143,6 +144,7 @@ class CacheEngine:
         max_entry_bytes: int,
         write_fence: float = 60.0,
         stale_window: float = 0.0,
+        activity: Activity | None = None,
     ) -> None:
         self.store = store
         self.planner = planner
@@ -151,6 +153,7 @@ class CacheEngine:
         self.max_entry_bytes = max_entry_bytes
         self.write_fence = write_fence
         self.stale_window = stale_window
+        self.activity = activity
         self.writes = 0  # invalidations for writes through this proxy (the follower watches)
         self._l1 = _L1(l1_bytes) if store.compress else None
         self._plans: OrderedDict[tuple[str, bytes, bytes | None], ReadPlan | None] = OrderedDict()
@@ -570,6 +573,10 @@ class CacheEngine:
                 self.metrics.invalidations.labels(scope, reason).inc()
         for b in plan.bumps:
             self.metrics.invalidations.labels(b.scope, reason).inc()
+        if self.activity is not None and (plan.bumps or plan.flush_all):
+            self.activity.invalidated(
+                reason, (b.scope for b in plan.bumps), plan.tables, plan.flush_all
+            )
 
     def footprint(self) -> tuple[int, int, str]:
         """(entries, bytes, kind) held in this process: the embedded cache, or Redis's front."""

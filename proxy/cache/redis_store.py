@@ -177,11 +177,13 @@ class RedisStore:
             raise CacheUnavailable(str(errors[0]))
         if self.backoff.failures:
             log.info("cache: redis is answering again")
+            self.metrics.cache_available.set(1)
         self.backoff.succeeded()
         return results
 
     def _failed(self, operation: str, exc: BaseException) -> None:
         self.metrics.cache_errors.labels(operation).inc()
+        self.metrics.cache_available.set(0)  # at once; the readiness check confirms every 2 s
         first = self.backoff.failures == 0
         delay = self.backoff.failed()
         (log.warning if first else log.debug)(
@@ -274,6 +276,7 @@ class RedisStore:
             raise CacheUnavailable(text)
         if self.backoff.failures:
             log.info("cache: redis is answering again")
+            self.metrics.cache_available.set(1)
         self.backoff.succeeded()
         got: Versions = {}
         now = time.time()

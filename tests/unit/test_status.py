@@ -1,0 +1,87 @@
+"""The status page's own bookkeeping (bounded, names hidden unless asked) and its HTML."""
+
+from __future__ import annotations
+
+import html.parser
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.cache.keys import TableRef
+from proxy.metrics import Metrics
+from proxy.status import Activity, render
+
+
+def test_busiest_tables_stay_bounded_and_keep_the_heavy_hitters() -> None:
+    activity = Activity(show_names=True, capacity=10)
+    heavy = TableRef.of("db", "heavy")
+    for i in range(3_000):
+        activity.looked_up(TableRef.of("db", f"once_{i}"), hit=False)
+        if i % 2 == 0:
+            activity.looked_up(heavy, hit=True)  # a third of all look-ups
+    assert len(activity._tables) == 10
+    name, lookups, hits = activity.busiest(1)[0]
+    assert name == "db.heavy"
+    assert lookups >= 1_500  # space saving: counts may only be overestimated
+    assert 0 < hits <= 1_500  # hits count from when the table last entered the list
+
+
+@settings(max_examples=100)
+@given(st.lists(st.integers(0, 40), max_size=400), st.integers(1, 12))
+def test_space_saving_never_misses_a_table_above_the_error_bound(
+    stream: list[int], capacity: int
+) -> None:
+    activity = Activity(show_names=True, capacity=capacity)
+    truth: dict[str, int] = {}
+    for n in stream:
+        activity.looked_up(TableRef.of("db", f"t{n}"), hit=False)
+        truth[f"db.t{n}"] = truth.get(f"db.t{n}", 0) + 1
+    shown = {name: count for name, count, _ in activity.busiest(capacity)}
+    bound = len(stream) / capacity  # the classic space-saving guarantee
+    for name, count in truth.items():
+        if count > bound:
+            assert name in shown
+        if name in shown:
+            assert shown[name] >= count
+
+
+def test_names_are_hashed_unless_asked_for() -> None:
+    hidden = Activity(show_names=False)
+    table = TableRef.of("secret_db", "salaries")
+    hidden.looked_up(table, hit=True)
+    hidden.invalidated("write", ["table"], [table], everything=False)
+    page = render(Metrics(), hidden, {"upstreams": ["thrift://hms:9083"], "store": "off"})
+    assert b"salaries" not in page and b"secret_db" not in page
+    assert hidden.name(table).encode() in page
+    shown = Activity(show_names=True)
+    shown.looked_up(table, hit=True)
+    assert b"secret_db.salaries" in render(Metrics(), shown, {"store": "off"})
+
+
+class _Checker(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.open: list[str] = []
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for key, value in attrs:
+            if key in ("src", "href") and value and "://" in value:
+                self.external.append(value)
+        if tag not in ("meta", "br", "link", "img", "input"):
+            self.open.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        assert self.open and self.open[-1] == tag, (self.open, tag)
+        self.open.pop()
+
+
+def test_the_page_is_well_formed_and_self_contained() -> None:
+    activity = Activity(show_names=True)
+    activity.invalidated("notification", [], [], everything=True)
+    page = render(Metrics(), activity, {"upstreams": [], "store": "Redis (auto)"}).decode()
+    checker = _Checker()
+    checker.feed(page)
+    assert checker.open == [] and checker.external == []
+    assert "<script" not in page
+    assert "everything" in page
