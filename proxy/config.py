@@ -284,8 +284,23 @@ class Options:
     client_message_timeout: float = _opt(
         30.0,
         parse_seconds,
-        "seconds a client may take to finish sending a request it has started",
+        "seconds a client may take to send one request, from its first byte to its last (a "
+        "client trickling bytes is closed: slow-loris)",
         metavar="SECONDS",
+    )
+    client_idle_timeout: float = _opt(
+        600.0,
+        parse_non_negative_seconds,
+        "seconds a client connection may stay without starting a request before it is "
+        "closed (Hive's and Spark's clients reconnect by themselves); 0: never",
+        metavar="SECONDS",
+    )
+    max_client_connections: int = _opt(
+        4096,
+        parse_count,
+        "client connections at most; one more gets a TApplicationException saying so and is "
+        "closed; 0: no limit",
+        metavar="N",
     )
     drain_timeout: float = _opt(
         20.0,

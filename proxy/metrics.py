@@ -49,7 +49,7 @@ INVALIDATION_SCOPES = tuple(s.name.lower() for s in catalog.Scope if s.name)
 INVALIDATION_REASONS = ("write", "notification", "admin", "ttl")
 LISTING_RESULTS = ("hit", "miss", "open")
 LISTING_SOURCES = ("cache", "storage")
-CLIENT_ERRORS = ("protocol", "too_large", "timeout", "bad_message_type")
+CLIENT_ERRORS = ("protocol", "too_large", "timeout", "idle", "bad_message_type", "connection_limit")
 
 
 class _Children:

@@ -71,6 +71,7 @@ class ThriftServer:
         self._server: asyncio.Server | None = None
         self._sessions: dict[asyncio.Task[None], _Session] = {}
         self.stopping = False
+        self._refusal_logged_at = float("-inf")
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
@@ -101,6 +102,10 @@ class ThriftServer:
         # Keep up to a slice queued while the socket drains, so big replies never wait for
         # an empty buffer before the next slice is handed over.
         writer.transport.set_write_buffer_limits(high=WRITE_SLICE, low=WRITE_SLICE // 4)
+        limit = self.options.max_client_connections
+        if limit and len(self._sessions) >= limit:
+            await self._refuse(reader, writer, limit)
+            return
         session = _Session(self, reader, writer)
         task = asyncio.current_task()
         assert task is not None
@@ -111,6 +116,46 @@ class ThriftServer:
         finally:
             del self._sessions[task]
             self.metrics.client_connections.dec()
+
+    async def _refuse(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limit: int
+    ) -> None:
+        """One connection over the limit: answer its first call with an error that says why
+        (a Thrift client cannot be told anything before it asks), then close."""
+        self.metrics.client_errors.labels("connection_limit").inc()
+        now = asyncio.get_running_loop().time()
+        if now - self._refusal_logged_at > 10:  # a flood of refusals is one line per 10 s
+            self._refusal_logged_at = now
+            log.warning(
+                "refusing client connections: %d open, the limit (--max-client-connections)",
+                limit,
+            )
+        requests = MessageReader(self.options.client_transport, 64 * 1024)
+        header: MessageHeader | None = None
+        try:
+            async with asyncio.timeout(min(5.0, self.options.client_message_timeout)):
+                while header is None:
+                    data = await reader.read(READ_SIZE)
+                    if not data:
+                        return
+                    requests.feed(data)
+                    with contextlib.suppress(ProtocolError):
+                        message = requests.next_message()
+                        header = message.header if message is not None else requests.header
+            reply = encode_application_exception(
+                header.name,
+                header.seqid,
+                AppErrorType.INTERNAL_ERROR,
+                f"hms-cache-proxy: too many client connections (limit {limit}); retry later",
+            )
+            writer.write(self.options.client_transport.frame(reply))
+            await asyncio.wait_for(writer.drain(), 1.0)
+        except (TimeoutError, ConnectionError, ProtocolError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
 
     async def stop(self, drain_timeout: float) -> None:
         """Stop accepting, let calls in flight finish (up to ``drain_timeout``), close the rest."""
@@ -148,6 +193,7 @@ class _Session:
         self.client = ClientConnection(writer, self.options.client_transport)
         self.requests = MessageReader(self.options.client_transport, self.options.max_request_bytes)
         self.busy = False
+        self._message_deadline = 0.0  # when the request being received must be complete
 
     def close(self) -> None:
         self.writer.close()
@@ -195,22 +241,39 @@ class _Session:
                 return
 
     async def _read(self) -> bytes | None:
-        """Next bytes from the client; ``None`` when the session should end."""
+        """Next bytes from the client; ``None`` when the session should end.
+
+        Two clocks: a request that has started must be complete within
+        ``--client-message-timeout`` of its first byte, however the bytes trickle in (a
+        deadline, not a per-read timeout, or a slow-loris client could hold the connection
+        forever); between requests, a connection may idle for ``--client-idle-timeout``.
+        """
+        loop = asyncio.get_running_loop()
         partial = self.requests.buffered > 0
+        if partial:
+            timeout: float | None = self._message_deadline - loop.time()
+            reason = "timeout"
+        else:
+            timeout = self.options.client_idle_timeout or None
+            reason = "idle"
         try:
-            if partial:
-                async with asyncio.timeout(self.options.client_message_timeout):
-                    data = await self.reader.read(READ_SIZE)
-            else:
+            async with asyncio.timeout(timeout):
                 data = await self.reader.read(READ_SIZE)
         except TimeoutError:
-            self.server.metrics.client_errors.labels("timeout").inc()
-            log.warning(
-                "%s: closing connection: request incomplete after %g s (%d bytes received)",
-                self.state.peer,
-                self.options.client_message_timeout,
-                self.requests.buffered,
-            )
+            self.server.metrics.client_errors.labels(reason).inc()
+            if partial:
+                log.warning(
+                    "%s: closing connection: request incomplete after %g s (%d bytes received)",
+                    self.state.peer,
+                    self.options.client_message_timeout,
+                    self.requests.buffered,
+                )
+            else:
+                log.info(
+                    "%s: closing connection idle for %g s",
+                    self.state.peer,
+                    self.options.client_idle_timeout,
+                )
             return None
         if not data:
             if partial:
@@ -220,6 +283,8 @@ class _Session:
                     self.requests.buffered,
                 )
             return None
+        if not partial:
+            self._message_deadline = loop.time() + self.options.client_message_timeout
         return data
 
     async def _reject(

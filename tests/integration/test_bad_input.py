@@ -156,3 +156,67 @@ def test_bad_clients_do_not_disturb_a_good_one(small_proxy: ProxyProcess, sample
     worker.join(30)
     assert failures == []
     assert small_proxy.alive()
+
+
+def test_a_slow_loris_is_closed_however_it_trickles(
+    small_proxy: ProxyProcess, sample: Sample
+) -> None:
+    """One byte every 0.3 s never lets a single read wait 1 s; the request's deadline
+    (--client-message-timeout 1, from its first byte) still closes the connection."""
+    whole = idl.encode_call("get_database", 1, name=sample.db)
+    conn = raw.RawConnection("127.0.0.1", small_proxy.port, timeout=10)
+    sent = 0
+    try:
+        with conn:
+            for byte in whole[:-1]:
+                conn.sock.sendall(bytes([byte]))
+                sent += 1
+                time.sleep(0.3)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    assert sent < len(whole) - 1, "the proxy let the whole trickled request in"
+    assert small_proxy.metric("hmsproxy_client_errors_total", reason="timeout") == 1
+    _good_call(small_proxy, sample)
+
+
+def test_idle_connections_are_closed_and_busy_ones_kept(
+    proxy_factory: ProxyFactory, sample: Sample
+) -> None:
+    proxy = proxy_factory("--client-idle-timeout", "1")
+    request = idl.encode_call("get_database", 1, name=sample.db)
+    with raw.RawConnection("127.0.0.1", proxy.port, timeout=10) as busy:
+        for _ in range(8):  # 2.4 s of calls 0.3 s apart: never idle for 1 s
+            assert busy.call(request)[3] == MessageType.REPLY
+            time.sleep(0.3)
+        with raw.RawConnection("127.0.0.1", proxy.port, timeout=10) as idle:
+            assert idle.closed_by_peer(timeout=15)
+    assert proxy.metric("hmsproxy_client_errors_total", reason="idle") >= 1
+    _good_call(proxy, sample)
+
+
+def connections_drop_to(proxy: ProxyProcess, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while proxy.metric("hmsproxy_client_connections") > count:
+        assert time.monotonic() < deadline, "connections were not closed"
+        time.sleep(0.05)
+
+
+def test_connections_over_the_cap_are_told_why(proxy_factory: ProxyFactory, sample: Sample) -> None:
+    proxy = proxy_factory("--max-client-connections", "2")
+    request = idl.encode_call("get_database", 1, name=sample.db)
+    connections_drop_to(proxy, 0)  # the rig's own check that the port listens
+    first = raw.RawConnection("127.0.0.1", proxy.port, timeout=10)
+    second = raw.RawConnection("127.0.0.1", proxy.port, timeout=10)
+    assert first.call(request)[3] == MessageType.REPLY
+    assert second.call(request)[3] == MessageType.REPLY
+    with raw.RawConnection("127.0.0.1", proxy.port, timeout=10) as third:
+        exc = _application_exception(third.call(request))
+        assert "too many client connections (limit 2)" in exc.message
+        assert third.closed_by_peer()
+    assert proxy.metric("hmsproxy_client_errors_total", reason="connection_limit") == 1
+    assert first.call(request)[3] == MessageType.REPLY  # the others are untouched
+    first.sock.close()
+    connections_drop_to(proxy, 1)
+    with raw.RawConnection("127.0.0.1", proxy.port, timeout=10) as again:
+        assert again.call(request)[3] == MessageType.REPLY
+    second.sock.close()
