@@ -119,6 +119,32 @@ def parse_optional_marker(text: Any) -> str | None:
     return text or None
 
 
+def tls_problems(options: Options) -> list[str]:
+    """Certificates and keys come in pairs, and every file named must be readable."""
+    problems = []
+    pairs = (("tls_cert", "tls_key"), ("upstream_tls_cert", "upstream_tls_key"))
+    for cert, key in pairs:
+        if bool(getattr(options, cert)) != bool(getattr(options, key)):
+            problems.append(f"{cert}, {key}: give both or neither")
+    if options.tls_client_ca and not options.tls_cert:
+        problems.append("tls_client_ca: needs tls_cert and tls_key (TLS on --listen)")
+    for name in (
+        "tls_cert",
+        "tls_key",
+        "tls_client_ca",
+        "upstream_tls_ca",
+        "upstream_tls_cert",
+        "upstream_tls_key",
+    ):
+        path = getattr(options, name)
+        if path and not os.access(path, os.R_OK):
+            problems.append(f"{name}: cannot read {path}")
+    upstream_files = options.upstream_tls_ca or options.upstream_tls_cert
+    if upstream_files and options.upstream_tls != "on":
+        problems.append("upstream_tls_ca/cert: set upstream_tls on to use them")
+    return problems
+
+
 def is_loopback(host: str) -> bool:
     import ipaddress
 
@@ -301,6 +327,44 @@ class Options:
         "client connections at most; one more gets a TApplicationException saying so and is "
         "closed; 0: no limit",
         metavar="N",
+    )
+    tls_cert: str | None = _opt(
+        None,
+        parse_optional_path,
+        "PEM certificate (chain) engines see: TLS on --listen (Hive's and Trino's SSL "
+        "metastore clients); with --tls-key",
+        metavar="PATH",
+    )
+    tls_key: str | None = _opt(
+        None, parse_optional_path, "PEM private key of --tls-cert", metavar="PATH"
+    )
+    tls_client_ca: str | None = _opt(
+        None,
+        parse_optional_path,
+        "PEM CA bundle: engines must present a certificate it signed (mutual TLS)",
+        metavar="PATH",
+    )
+    upstream_tls: str = _opt(
+        "off",
+        choice("on", "off"),
+        "TLS to the metastore (hive.metastore.use.SSL on the HMS); its certificate and host "
+        "name are verified",
+        metavar="on|off",
+    )
+    upstream_tls_ca: str | None = _opt(
+        None,
+        parse_optional_path,
+        "PEM CA bundle to verify the metastore's certificate (default: the system's)",
+        metavar="PATH",
+    )
+    upstream_tls_cert: str | None = _opt(
+        None,
+        parse_optional_path,
+        "PEM client certificate for the metastore, if it asks for one; with --upstream-tls-key",
+        metavar="PATH",
+    )
+    upstream_tls_key: str | None = _opt(
+        None, parse_optional_path, "PEM private key of --upstream-tls-cert", metavar="PATH"
     )
     drain_timeout: float = _opt(
         20.0,
@@ -580,6 +644,7 @@ def load(
                 problems.append(f"admin_token_file: {options.admin_token_file} is empty")
         except OSError as exc:
             problems.append(f"admin_token_file: {exc}")
+    problems += tls_problems(options)
     if len({options.listen, options.metrics_listen, options.admin_listen}) < 3:
         problems.append("listen, metrics_listen and admin_listen must all differ")
     if problems:

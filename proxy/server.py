@@ -18,6 +18,7 @@ import socket
 from proxy.config import Options
 from proxy.handler import CallHandler, ClientGone, SessionState
 from proxy.metrics import Metrics
+from proxy.tls import server_context
 from proxy.wire.binary import (
     AppErrorType,
     MessageHeader,
@@ -74,12 +75,15 @@ class ThriftServer:
         self._refusal_logged_at = float("-inf")
 
     async def start(self) -> None:
+        context = server_context(self.options)
         self._server = await asyncio.start_server(
             self._accept,
             self.options.listen.host,
             self.options.listen.port,
             limit=READ_SIZE,
             reuse_address=True,
+            ssl=context,
+            ssl_handshake_timeout=self.options.client_message_timeout if context else None,
         )
 
     @property

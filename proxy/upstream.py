@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from proxy import idl
 from proxy.config import Endpoint, Options
 from proxy.metrics import Metrics
+from proxy.tls import upstream_context
 from proxy.wire.binary import MessageType, encode_header
 from proxy.wire.errors import ProtocolError
 from proxy.wire.framing import Message, MessageReader
@@ -110,6 +111,7 @@ class UpstreamPool:
     def __init__(self, options: Options, metrics: Metrics) -> None:
         self.options = options
         self.metrics = metrics
+        self._tls = upstream_context(options)
         self._idle: OrderedDict[Identity | None, deque[UpstreamConnection]] = OrderedDict()
         self._idle_count = 0
         self._open = 0  # idle + in use
@@ -258,10 +260,16 @@ class UpstreamPool:
         for endpoint in self._endpoint_order():
             try:
                 reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(endpoint.host, endpoint.port, limit=READ_SIZE),
+                    asyncio.open_connection(
+                        endpoint.host,
+                        endpoint.port,
+                        limit=READ_SIZE,
+                        ssl=self._tls,
+                        server_hostname=endpoint.host if self._tls else None,
+                    ),
                     self.options.upstream_connect_timeout,
                 )
-            except (OSError, TimeoutError) as exc:
+            except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
                 self.metrics.upstream_connects.labels("failed").inc()
                 self._endpoint_failed_at[endpoint] = time.monotonic()
                 reason = "timed out" if isinstance(exc, TimeoutError) else str(exc)

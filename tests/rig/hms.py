@@ -25,9 +25,19 @@ rootLogger.appenderRef.console.ref = console
 class MetastoreServer:
     """One HMS process with its own Derby folder and warehouse under ``workdir``."""
 
-    def __init__(self, workdir: Path, *, framed: bool = False, port: int | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        framed: bool = False,
+        port: int | None = None,
+        keystore: Path | None = None,
+        keystore_password: str = "",
+    ) -> None:
         self.workdir = workdir
         self.framed = framed
+        self.keystore = keystore  # a PKCS#12 keystore: the metastore speaks TLS
+        self.keystore_password = keystore_password
         self.port = port or free_port()
         self.host = "127.0.0.1"
         self.warehouse = workdir / "warehouse"
@@ -39,7 +49,14 @@ class MetastoreServer:
         return f"thrift://{self.host}:{self.port}"
 
     def _site(self) -> dict[str, str]:
-        return {
+        tls = {}
+        if self.keystore is not None:
+            tls = {
+                "hive.metastore.use.SSL": "true",
+                "hive.metastore.keystore.path": str(self.keystore),
+                "hive.metastore.keystore.password": self.keystore_password,
+            }
+        return tls | {
             "javax.jdo.option.ConnectionURL": (
                 f"jdbc:derby:;databaseName={self.workdir / 'metastore_db'};create=true"
             ),

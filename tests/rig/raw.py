@@ -8,6 +8,7 @@ a mistake in the proxy's scanner cannot hide itself.
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 
 from thrift.protocol.TBinaryProtocol import TBinaryProtocol
@@ -38,9 +39,18 @@ class _RecordingSocket(TTransportBase):
 class RawConnection:
     """One socket; send request bytes, get the raw reply bytes back."""
 
-    def __init__(self, host: str, port: int, *, framed: bool = False, timeout: float = 60) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        framed: bool = False,
+        timeout: float = 60,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = tls.wrap_socket(sock, server_hostname=host) if tls is not None else sock
         self.framed = framed
 
     def send(self, request: bytes) -> None:
@@ -100,9 +110,16 @@ class RawConnection:
 CLOSED = b"<connection closed without a reply>"
 
 
-def call(host: str, port: int, request: bytes, *, framed: bool = False) -> bytes:
+def call(
+    host: str,
+    port: int,
+    request: bytes,
+    *,
+    framed: bool = False,
+    tls: ssl.SSLContext | None = None,
+) -> bytes:
     """The raw reply, or ``CLOSED`` when the server hung up instead of replying."""
-    with RawConnection(host, port, framed=framed) as conn:
+    with RawConnection(host, port, framed=framed, tls=tls) as conn:
         try:
             return conn.call(request)
         except EOFError:

@@ -107,3 +107,28 @@ def test_bad_configuration_exits_2_with_one_line_per_problem(
     assert len(err) == 2 and all(
         line.startswith("hms-cache-proxy: configuration: ") for line in err
     )
+
+
+def test_tls_files_come_in_pairs_and_must_be_readable(tmp_path: Path) -> None:
+    cert = tmp_path / "cert.pem"
+    cert.write_text("x")
+    with pytest.raises(ConfigError) as err:
+        load(
+            {
+                **UP,
+                "tls_cert": str(cert),
+                "upstream_tls_ca": str(tmp_path / "missing.pem"),
+            },
+            {},
+        )
+    problems = err.value.problems
+    assert any(p.startswith("tls_cert, tls_key: give both") for p in problems)
+    assert any("upstream_tls_ca: cannot read" in p for p in problems)
+    assert any("set upstream_tls on" in p for p in problems)
+    with pytest.raises(ConfigError, match="tls_client_ca: needs tls_cert"):
+        load({**UP, "tls_client_ca": str(cert)}, {})
+
+
+def test_on_off_options_are_switches() -> None:
+    parsed = cli.build_parser().parse_args(["serve", "--status-show-names", "--cache", "off"])
+    assert (parsed.status_show_names, parsed.cache) == ("on", "off")
