@@ -10,6 +10,7 @@ from, with the source named; all problems are reported at once, one line each.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -20,6 +21,9 @@ from urllib.parse import urlsplit, urlunsplit
 from proxy.wire.framing import Transport
 
 ENV_PREFIX = "HMS_CACHE_PROXY_"
+# What Kubernetes puts in every pod's environment for a Service named ``hms-cache-proxy``
+# (service links): HMS_CACHE_PROXY_SERVICE_HOST, HMS_CACHE_PROXY_PORT_9083_TCP_ADDR, ...
+SERVICE_LINK = re.compile(r"SERVICE_(HOST|PORT(_\w+)?)|PORT(_\d+_(TCP|UDP|SCTP)(_\w+)?)?")
 
 
 class ConfigError(Exception):
@@ -605,8 +609,11 @@ def load(
         for key in sorted(set(file_values) - known):
             problems.append(f"config file {config_file}: unknown option {key!r}")
     for key in sorted(k for k in env if k.startswith(ENV_PREFIX)):
-        if key[len(ENV_PREFIX) :].lower() not in known and key != ENV_PREFIX + "CONFIG":
-            problems.append(f"environment {key}: unknown option")
+        if key[len(ENV_PREFIX) :].lower() in known or key == ENV_PREFIX + "CONFIG":
+            continue
+        if SERVICE_LINK.fullmatch(key[len(ENV_PREFIX) :]):
+            continue  # Kubernetes' variables for a Service named hms-cache-proxy, not ours
+        problems.append(f"environment {key}: unknown option")
     values: dict[str, Any] = {}
     given: set[str] = set()
     for f in option_fields():

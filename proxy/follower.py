@@ -65,6 +65,8 @@ class NotificationFollower:
         self._task: asyncio.Task[None] | None = None
         self._writes_at_head: tuple[int, float] | None = None
         self._writes_seen = 0
+        self._last_success = time.time()
+        metrics.notification_enabled.set(1)
 
     async def first_poll(self, wait: float) -> None:
         try:
@@ -102,15 +104,29 @@ class NotificationFollower:
                     )
                     self.state.enabled = False
                     self.metrics.notification_active.set(0)
+                    self.metrics.notification_enabled.set(0)
+                    self.metrics.notification_leader.set(0)
+                    if self.state.leader:
+                        self.state.leader = False
+                        with contextlib.suppress(CacheUnavailable):
+                            await self.engine.store.release(self.lease_key, self.token)
                     return
             except (UpstreamError, CacheUnavailable) as exc:
                 log.debug("notification poll failed: %s", exc)
+                self._poll_failed()
             except Exception:
                 log.exception("notification follower failed; retrying")
+                self._poll_failed()
             delay = self.options.notification_poll - (time.monotonic() - started)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.05, delay)):
                     await self._stopping.wait()
+
+    def _poll_failed(self) -> None:
+        """A leader that cannot poll falls behind: its lag grows from its last good poll, so
+        the lag (and the alert on it) shows a follower that is stuck, not just a slow one."""
+        if self.state.leader:
+            self.metrics.notification_lag_seconds.set(time.time() - self._last_success)
 
     # -- one poll --------------------------------------------------------------------------
 
@@ -122,6 +138,10 @@ class NotificationFollower:
         self.state.leader = leader
         self.metrics.notification_leader.set(1 if leader else 0)
         if not leader:
+            # The lag is the leader's to report; a standby's last figures would go stale.
+            self.metrics.notification_lag_events.set(0)
+            self.metrics.notification_lag_seconds.set(0)
+            self._succeeded()
             return
         head = await self._current_id()
         self.state.head = head
@@ -154,6 +174,11 @@ class NotificationFollower:
         self.state.last_applied = last
         self._lag(head, last, [])
         self._check_log_is_written(head)
+        self._succeeded()
+
+    def _succeeded(self) -> None:
+        self._last_success = time.time()
+        self.metrics.notification_last_poll.set(self._last_success)
 
     async def _apply(self, event: Event) -> None:
         plan = invalidation_for(event, self.engine.planner)
@@ -172,6 +197,7 @@ class NotificationFollower:
         )
         self.state.last_applied = head
         self._lag(head, head, [])
+        self._succeeded()
 
     def _lag(self, head: int, last: int, events: list[Event]) -> None:
         self.metrics.notification_last_event.set(last)

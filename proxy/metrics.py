@@ -198,6 +198,18 @@ class Metrics:
             "1 if this proxy is the one following the notification log",
             registry=r,
         )
+        self.notification_enabled = Gauge(
+            "hmsproxy_notification_enabled",
+            "1 if this proxy is set to follow the notification log (cache on, --notifications "
+            "not off, and in auto mode the metastore serves the log)",
+            registry=r,
+        )
+        self.notification_last_poll = Gauge(
+            "hmsproxy_notification_last_poll_timestamp_seconds",
+            "Unix time of this proxy's last successful poll of the log (or lease check, when "
+            "another proxy follows)",
+            registry=r,
+        )
         self.notification_active = Gauge(
             "hmsproxy_notification_active",
             "1 while the notification log is followed and moving as writes happen; 0 when the "

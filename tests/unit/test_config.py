@@ -132,3 +132,18 @@ def test_tls_files_come_in_pairs_and_must_be_readable(tmp_path: Path) -> None:
 def test_on_off_options_are_switches() -> None:
     parsed = cli.build_parser().parse_args(["serve", "--status-show-names", "--cache", "off"])
     assert (parsed.status_show_names, parsed.cache) == ("on", "off")
+
+
+def test_kubernetes_service_links_are_not_mistaken_for_options() -> None:
+    env = {
+        "HMS_CACHE_PROXY_SERVICE_HOST": "10.0.0.7",
+        "HMS_CACHE_PROXY_SERVICE_PORT": "9083",
+        "HMS_CACHE_PROXY_SERVICE_PORT_THRIFT": "9083",
+        "HMS_CACHE_PROXY_PORT": "tcp://10.0.0.7:9083",
+        "HMS_CACHE_PROXY_PORT_9083_TCP": "tcp://10.0.0.7:9083",
+        "HMS_CACHE_PROXY_PORT_9083_TCP_ADDR": "10.0.0.7",
+        "HMS_CACHE_PROXY_PORT_9083_TCP_PROTO": "tcp",
+    }
+    assert load(UP, env).listen.port == 9083
+    with pytest.raises(ConfigError, match="HMS_CACHE_PROXY_PORTS: unknown option"):
+        load(UP, {"HMS_CACHE_PROXY_PORTS": "1"})
