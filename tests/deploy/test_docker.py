@@ -1,0 +1,903 @@
+"""The container image, checked offline: no Docker engine runs where the tests run.
+
+``deploy/docker/Dockerfile`` is read with dockerfile-parse for what the image must be: a base
+pinned by digest, a numeric non-root user, no build tools in the final stage, the proxy's
+ports, a health check on the readiness service, the console script as entry point. Then the
+build is reproduced: the files the build stage copies (after ``.dockerignore``, matched as
+Docker matches it) are laid out in a scratch directory, the wheel is built there as the build
+stage builds it, and that wheel runs in a virtual environment that sees nothing but itself and
+the runtime dependencies, where the HEALTHCHECK command is run against a live proxy.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.machinery
+import importlib.metadata
+import json
+import os
+import posixpath
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from email.parser import HeaderParser
+from pathlib import Path, PurePosixPath
+
+import pytest
+from dockerfile_parse import DockerfileParser
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from proxy import config
+from proxy.admin.server import READINESS
+from tests.rig.hms import MetastoreServer
+from tests.rig.ports import free_port, wait_for_port
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO / "deploy" / "docker" / "Dockerfile"
+DOCKERIGNORE = REPO / ".dockerignore"
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+# What compiles or fetches build inputs; none of it belongs in the image that runs.
+BUILD_TOOLS = {
+    "apt",
+    "apt-get",
+    "build-essential",
+    "cc",
+    "clang",
+    "cmake",
+    "g++",
+    "gcc",
+    "libc6-dev",
+    "make",
+    "pip",
+    "pip3",
+    "python3-dev",
+}
+
+
+# --- the Dockerfile ---------------------------------------------------------------------------
+
+
+@dataclass
+class Instruction:
+    name: str
+    value: str
+    workdir: str
+
+
+@dataclass
+class Stage:
+    image: str
+    name: str
+    instructions: list[Instruction] = field(default_factory=list)
+
+    def all(self, name: str) -> list[Instruction]:
+        return [i for i in self.instructions if i.name == name]
+
+    def last(self, name: str) -> Instruction:
+        found = self.all(name)
+        assert found, f"stage {self.name!r} has no {name}"
+        return found[-1]
+
+
+def stages() -> list[Stage]:
+    out: list[Stage] = []
+    for item in DockerfileParser(path=str(DOCKERFILE)).structure:
+        name, value = item["instruction"], item["value"]
+        if name == "COMMENT":
+            continue
+        if name == "FROM":
+            words = [w for w in value.split() if not w.startswith("--")]
+            alias = words[2] if len(words) == 3 and words[1].upper() == "AS" else str(len(out))
+            out.append(Stage(words[0], alias))
+            continue
+        assert out, f"{name} before the first FROM"
+        stage = out[-1]
+        workdir = stage.instructions[-1].workdir if stage.instructions else "/"
+        if name == "WORKDIR":
+            workdir = posixpath.join(workdir, value.strip())
+        stage.instructions.append(Instruction(name, value, workdir))
+    return out
+
+
+def build_stage() -> Stage:
+    """The stage the final one copies from."""
+    sources = {flags(i.value).get("from") for i in stages()[-1].all("COPY")} - {None}
+    assert len(sources) == 1, f"the final stage should copy from one build stage: {sources}"
+    (name,) = sources
+    matching = [s for s in stages()[:-1] if s.name == name]
+    assert matching, f"COPY --from={name}: no such stage"
+    return matching[0]
+
+
+def flags(value: str) -> dict[str, str]:
+    out = {}
+    for word in value.split():
+        if not word.startswith("--"):
+            break
+        key, _, flag_value = word[2:].partition("=")
+        out[key] = flag_value
+    return out
+
+
+def copy_operands(value: str) -> tuple[list[str], str]:
+    """COPY's sources and destination, in shell or JSON form, after its flags."""
+    rest = value.split()
+    while rest and rest[0].startswith("--"):
+        rest.pop(0)
+    text = " ".join(rest)
+    operands = json.loads(text) if text.startswith("[") else text.split()
+    assert len(operands) >= 2, value
+    return operands[:-1], operands[-1]
+
+
+def exec_form(value: str) -> list[str]:
+    """An exec-form (JSON) command; Docker would silently run anything else through a shell."""
+    argv = json.loads(value)
+    assert isinstance(argv, list), value
+    assert all(isinstance(a, str) for a in argv), value
+    return argv
+
+
+def image_env(base: dict[str, str]) -> dict[str, str]:
+    """The final stage's ENV, with ``$VAR`` expanded from ``base`` as Docker would."""
+    env = dict(base)
+    for instruction in stages()[-1].all("ENV"):
+        words = shlex.split(instruction.value)
+        pairs = [w.partition("=") for w in words]
+        if not pairs[0][1]:  # the old ``ENV KEY value`` form
+            pairs = [(words[0], "=", " ".join(words[1:]))]
+        for key, _, raw in pairs:
+            env[key] = re.sub(
+                r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), ""), raw.replace("\\\n", "")
+            )
+    return env
+
+
+def healthcheck() -> tuple[dict[str, str], list[str]]:
+    value = stages()[-1].last("HEALTHCHECK").value
+    options_text, keyword, command = value.partition(" CMD ")
+    assert keyword, f"HEALTHCHECK without CMD: {value}"
+    options = {}
+    for word in options_text.split():
+        assert word.startswith("--"), f"HEALTHCHECK option {word!r}"
+        key, _, option_value = word[2:].partition("=")
+        options[key] = option_value
+    return options, exec_form(command.strip())
+
+
+def seconds(duration: str) -> float:
+    """A Docker duration such as ``5s``, ``1m30s``, ``500ms``."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", duration)
+    assert parts and "".join(a + b for a, b in parts) == duration, duration
+    return sum(float(number) * units[unit] for number, unit in parts)
+
+
+# --- .dockerignore, as Docker reads it (moby/patternmatcher) ------------------------------------
+
+
+@dataclass
+class Pattern:
+    text: str
+    exclusion: bool
+    kind: str
+    regex: re.Pattern[str] | None
+
+    @classmethod
+    def compile(cls, text: str, exclusion: bool) -> Pattern:
+        """The same translation as patternmatcher's ``Pattern.compile``."""
+        regex, kind, pos, index = "^", "exact", 0, 0
+        while pos < len(text):
+            ch = text[pos]
+            pos += 1
+            if ch == "*":
+                if pos < len(text) and text[pos] == "*":
+                    pos += 1
+                    if pos < len(text) and text[pos] == "/":
+                        pos += 1
+                    if pos >= len(text):
+                        if kind == "exact":
+                            kind = "prefix"
+                        else:
+                            regex, kind = regex + ".*", "regexp"
+                    else:
+                        regex, kind = regex + "(.*/)?", "regexp"
+                    if index == 0:
+                        kind = "suffix"
+                else:
+                    regex, kind = regex + "[^/]*", "regexp"
+            elif ch == "?":
+                regex, kind = regex + "[^/]", "regexp"
+            elif ch in ".+()|{}$":
+                regex += "\\" + ch
+            elif ch == "\\":
+                if pos < len(text):
+                    regex, kind = regex + "\\" + text[pos], "regexp"
+                    pos += 1
+                else:
+                    regex += "\\\\"
+            elif ch in "[]":
+                regex, kind = regex + ch, "regexp"
+            else:
+                regex += ch
+            index += 1
+        compiled = re.compile(regex + r"\Z") if kind == "regexp" else None
+        return cls(text, exclusion, kind, compiled)
+
+    def match(self, path: str) -> bool:
+        if self.kind == "exact":
+            return path == self.text
+        if self.kind == "prefix":
+            return path.startswith(self.text[:-2])
+        if self.kind == "suffix":
+            suffix = self.text[2:]
+            return path.endswith(suffix) or (suffix.startswith("/") and path == suffix[1:])
+        assert self.regex is not None
+        return self.regex.match(path) is not None
+
+    def may_match_below(self, depth: int) -> bool:
+        """Whether this pattern can match a path deeper than ``depth`` components."""
+        return "**" in self.text or len(self.text.split("/")) > depth
+
+
+class DockerIgnore:
+    def __init__(self, text: str) -> None:
+        self.patterns: list[Pattern] = []
+        for line in text.splitlines():
+            if line.startswith("#"):
+                continue
+            line = line.strip()
+            if not line:
+                continue
+            exclusion = line.startswith("!")
+            if exclusion:
+                line = line[1:].strip()
+            line = posixpath.normpath(line)
+            if len(line) > 1 and line.startswith("/"):
+                line = line[1:]
+            self.patterns.append(Pattern.compile(line, exclusion))
+
+    def excluded(self, path: str) -> bool:
+        """``MatchesOrParentMatches``: a pattern matching a parent directory counts."""
+        path = posixpath.normpath(path)
+        parent = posixpath.dirname(path) or "."
+        parents = parent.split("/")
+        matched = False
+        for pattern in self.patterns:
+            if pattern.exclusion != matched:
+                continue
+            hit = pattern.match(path)
+            if not hit and parent != ".":
+                hit = any(pattern.match("/".join(parents[: i + 1])) for i in range(len(parents)))
+            if hit:
+                matched = not pattern.exclusion
+        return matched
+
+    def prunable(self, directory: str) -> bool:
+        """Excluded, and no exception pattern can let anything inside back in."""
+        depth = len(directory.split("/"))
+        return self.excluded(directory) and not any(
+            p.exclusion and p.may_match_below(depth) for p in self.patterns
+        )
+
+
+def dockerignore() -> DockerIgnore:
+    return DockerIgnore(DOCKERIGNORE.read_text())
+
+
+def build_context() -> list[str]:
+    """Paths (files and symlinks) the build context holds: the repository less what is ignored."""
+    ignore = dockerignore()
+    out = []
+    for top, dirs, files in os.walk(REPO):
+        rel = Path(top).relative_to(REPO).as_posix()
+        prefix = "" if rel == "." else rel + "/"
+        kept = []
+        for name in dirs:
+            if (Path(top) / name).is_symlink():
+                files.append(name)  # sent as a symlink, not followed
+            elif not ignore.prunable(prefix + name):
+                kept.append(name)
+        dirs[:] = kept
+        out.extend(prefix + name for name in files if not ignore.excluded(prefix + name))
+    return sorted(out)
+
+
+def test_dockerignore_matching_follows_docker() -> None:
+    """The matcher above, on cases whose outcome Docker's own tests and docs fix."""
+    ignore = DockerIgnore("*\n!keep/\n**/*.pyc\n/docs/**\n# comment\n")
+    assert ignore.excluded("README.md")
+    assert ignore.excluded("tests/unit/test_x.py")  # through its parent ``tests``
+    assert not ignore.excluded("keep/a/b.py")
+    assert ignore.excluded("keep/a/b.pyc")
+    assert DockerIgnore("**/*.pyc").excluded("a.pyc")  # ``**/`` also matches no directory
+    assert ignore.prunable("tests")
+    assert not ignore.prunable("keep")
+    assert not DockerIgnore("*.md").excluded("docs/a.md")  # ``*`` stays in one directory
+    assert DockerIgnore("docs/**").excluded("docs/a/b.md")
+    assert not DockerIgnore("docs/**").excluded("docsx")
+
+
+# --- static checks ------------------------------------------------------------------------------
+
+
+def test_the_dockerfile_parses_into_a_build_and_a_runtime_stage() -> None:
+    found = stages()
+    assert len(found) >= 2
+    assert build_stage() is not found[-1]
+    assert found[-1].all("ENTRYPOINT")
+
+
+def test_every_base_image_is_pinned_by_tag_and_digest() -> None:
+    for stage in stages():
+        name = stage.image.partition("@")[0]
+        assert DIGEST.search(stage.image), f"{stage.name}: {stage.image} is not pinned by digest"
+        assert ":" in name.rsplit("/", 1)[-1], f"{stage.name}: {stage.image} names no tag"
+        assert "$" not in stage.image, f"{stage.name}: {stage.image} depends on a build argument"
+    # The C extension built in the first stage must load in the last: one interpreter for both.
+    assert build_stage().image == stages()[-1].image
+
+
+def test_the_image_python_is_the_one_the_tests_run_on() -> None:
+    tag = stages()[-1].image.partition("@")[0].rsplit(":", 1)[1]
+    version = re.match(r"(\d+)\.(\d+)", tag)
+    assert version, f"no Python version in the base image's tag {tag!r}"
+    assert (int(version[1]), int(version[2])) == sys.version_info[:2]
+    assert Requirement(f"python{PYPROJECT['project']['requires-python']}").specifier.contains(
+        f"{version[1]}.{version[2]}"
+    )
+
+
+def test_the_runtime_stage_runs_as_a_numeric_non_root_user() -> None:
+    final = stages()[-1]
+    user = final.last("USER").value.strip()
+    uid, _, gid = user.partition(":")
+    assert uid.isdigit(), f"USER {user}: Kubernetes' runAsNonRoot can only verify a number"
+    assert int(uid) != 0
+    if gid:
+        assert gid.isdigit() and int(gid) != 0, f"USER {user}"
+    # The user exists in the image (a passwd entry keeps tools that look the user up happy).
+    commands = " ".join(i.value for i in final.all("RUN"))
+    assert re.search(rf"useradd\b.*--uid {uid}\b", commands), "no useradd of the USER's uid"
+    # Nothing after USER switches back.
+    last_user = max(n for n, i in enumerate(final.instructions) if i.name == "USER")
+    assert not [i for i in final.instructions[last_user:] if i.name == "RUN"]
+
+
+def test_the_runtime_stage_has_no_build_tools() -> None:
+    final = stages()[-1]
+    assert not final.all("ADD")
+    for instruction in final.all("RUN"):
+        words = set(re.split(r"[\s;&|()]+", instruction.value))
+        assert not words & BUILD_TOOLS, f"RUN {instruction.value}: {words & BUILD_TOOLS}"
+    build = build_stage()
+    build_inputs = {i.workdir for i in build.instructions if i.name == "COPY"}
+    for instruction in final.all("COPY"):
+        assert flags(instruction.value).get("from") == build.name, (
+            f"COPY {instruction.value}: the final stage takes nothing from the build context"
+        )
+        sources, _ = copy_operands(instruction.value)
+        for source in sources:
+            for inputs in build_inputs:
+                assert not PurePosixPath(source).is_relative_to(inputs), (
+                    f"COPY {instruction.value}: {source} is the build stage's source tree"
+                )
+
+
+def test_only_the_runtime_dependencies_go_into_the_environment() -> None:
+    runs = [i.value for i in build_stage().all("RUN")]
+    installs = [r for r in runs if re.search(r"\bpip\b.*\binstall\b", r)]
+    assert installs, "the build stage installs nothing"
+    for run in installs:
+        assert "--no-index" in run, f"{run}: an install that may fetch more than the wheels"
+        assert not re.search(r"hms[-_]cache[-_]proxy\[", run), f"{run}: extras stay out"
+
+
+def test_the_ports_are_the_proxy_defaults() -> None:
+    exposed = set()
+    for instruction in stages()[-1].all("EXPOSE"):
+        exposed |= {int(p.partition("/")[0]) for p in instruction.value.split()}
+    defaults = {f.name: f.default for f in config.option_fields()}
+    expected = {defaults[name].port for name in ("listen", "metrics_listen", "admin_listen")}
+    assert exposed == expected
+
+
+def test_the_entry_point_is_the_console_script() -> None:
+    final = stages()[-1]
+    entrypoint = exec_form(final.last("ENTRYPOINT").value)
+    assert len(entrypoint) == 1
+    assert entrypoint[0] in PYPROJECT["project"]["scripts"]
+    assert exec_form(final.last("CMD").value) == ["serve"]
+
+
+def test_the_healthcheck_asks_the_readiness_service_in_time() -> None:
+    options, argv = healthcheck()
+    assert argv[0] == "python" and "-c" in argv, argv
+    code = argv[argv.index("-c") + 1]
+    tree = ast.parse(code)  # valid Python, or this raises
+    compile(tree, "<HEALTHCHECK>", "exec")
+    keywords = {
+        k.arg: k.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        for k in node.keywords
+    }
+    assert isinstance(keywords.get("service"), ast.Constant)
+    assert keywords["service"].value == READINESS
+    # The call gives up before Docker kills the check, so a slow proxy fails cleanly.
+    assert isinstance(keywords.get("timeout"), ast.Constant)
+    assert keywords["timeout"].value < seconds(options["timeout"])
+    for option in ("interval", "timeout", "start-period"):
+        seconds(options[option])
+
+
+def test_the_image_environment_is_a_valid_configuration() -> None:
+    env = image_env({"PATH": "/usr/local/bin:/usr/bin:/bin"})
+    assert env["PYTHONUNBUFFERED"] == "1"  # log lines reach `docker logs` as they are written
+    known = {config.env_name(f.name) for f in config.option_fields()}
+    ours = {k for k in env if k.startswith(config.ENV_PREFIX)}
+    assert ours <= known | {config.ENV_PREFIX + "CONFIG"}, "the proxy refuses unknown variables"
+    # With nothing but an upstream added, the image's environment starts the proxy.
+    config.load({"upstream": "thrift://hms:9083"}, env=env)
+
+
+def test_the_labels_agree_with_the_project() -> None:
+    labels = DockerfileParser(path=str(DOCKERFILE)).labels
+    project = PYPROJECT["project"]
+    assert labels["org.opencontainers.image.version"] == project["version"]
+    assert labels["org.opencontainers.image.licenses"] == project["license"]
+    assert labels["org.opencontainers.image.title"] == project["name"]
+    assert labels["org.opencontainers.image.description"] == project["description"]
+    base, _, digest = stages()[-1].image.partition("@")
+    assert labels["org.opencontainers.image.base.name"] == base
+    assert labels["org.opencontainers.image.base.digest"] == digest
+
+
+def test_every_build_input_is_in_the_repository_and_the_context() -> None:
+    ignore = dockerignore()
+    context = build_context()
+    for instruction in build_stage().all("COPY"):
+        if "from" in flags(instruction.value):
+            continue
+        sources, _ = copy_operands(instruction.value)
+        for source in sources:
+            assert not set("*?[") & set(source), f"{source}: wildcards are not reproduced here"
+            path = posixpath.normpath(source)
+            assert (REPO / path).exists(), f"COPY {source}: not in the repository"
+            assert not ignore.excluded(path), f"COPY {source}: excluded by .dockerignore"
+            assert path in context or any(c.startswith(path + "/") for c in context), source
+
+
+def test_the_context_holds_only_what_the_build_copies() -> None:
+    copied = set()
+    for instruction in build_stage().all("COPY"):
+        if "from" not in flags(instruction.value):
+            copied |= {posixpath.normpath(s) for s in copy_operands(instruction.value)[0]}
+    context = build_context()
+    assert {c.split("/")[0] for c in context} == copied
+    leftovers = [
+        c
+        for c in context
+        if "__pycache__" in c.split("/")
+        or c.endswith((".pyc", *importlib.machinery.EXTENSION_SUFFIXES))
+    ]
+    assert not leftovers, f"built or cached files would reach the image build: {leftovers}"
+    for name in (".git", ".venv", ".rig", "tests", "bench"):
+        if (REPO / name).exists():
+            assert dockerignore().excluded(name), name
+
+
+# --- the build, reproduced ----------------------------------------------------------------------
+
+
+def lay_out_build_inputs(stage: Stage, rootfs: Path) -> None:
+    """Do the stage's COPY instructions from the build context into ``rootfs``."""
+    context = build_context()
+    for instruction in stage.all("COPY"):
+        if "from" in flags(instruction.value):
+            continue
+        sources, dest = copy_operands(instruction.value)
+        target = PurePosixPath(posixpath.join(instruction.workdir, dest))
+        into_dir = dest.endswith("/") or len(sources) > 1
+        for source in sources:
+            path = posixpath.normpath(source)
+            if path in context:  # a file
+                name = target / PurePosixPath(path).name if into_dir else target
+                copy_entry(REPO / path, rootfs / name.relative_to("/"))
+                continue
+            for entry in context:
+                if entry.startswith(path + "/"):
+                    inside = PurePosixPath(entry).relative_to(path)
+                    copy_entry(REPO / entry, rootfs / (target / inside).relative_to("/"))
+
+
+def copy_entry(source: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if source.is_symlink():
+        dest.symlink_to(os.readlink(source))
+    else:
+        shutil.copy2(source, dest)
+
+
+def wheel_command(stage: Stage) -> tuple[Instruction, list[str]]:
+    """The build stage's ``pip wheel --no-deps ...`` of the project, as argv."""
+    for instruction in stage.all("RUN"):
+        for command in re.split(r"&&|;", instruction.value):
+            argv = shlex.split(command)
+            if argv[:2] == ["pip", "wheel"] and "--no-deps" in argv:
+                return instruction, argv
+    raise AssertionError("the build stage has no `pip wheel --no-deps` of the project")
+
+
+def positional(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word in ("-w", "--wheel-dir", "-c", "--constraint", "-r", "--requirement"):
+            skip = True
+        elif not word.startswith("-"):
+            out.append(word)
+    return out
+
+
+@dataclass
+class Built:
+    wheel: Path
+    rootfs: Path
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    root = tmp_path_factory.mktemp("image")
+    rootfs = root / "rootfs"
+    stage = build_stage()
+    lay_out_build_inputs(stage, rootfs)
+    instruction, argv = wheel_command(stage)
+    (project,) = positional(argv[2:])
+    source = rootfs / PurePosixPath(posixpath.join(instruction.workdir, project)).relative_to("/")
+    out = root / "wheels"
+    # Offline: the build stage gets setuptools from PyPI in an isolated build environment;
+    # here the one installed with the tests builds, nothing is fetched.
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--wheel-dir",
+            str(out),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    (wheel,) = out.glob("*.whl")
+    return Built(wheel, rootfs)
+
+
+def test_the_wheel_holds_the_package_the_idl_the_scanner_and_the_grpc_code(built: Built) -> None:
+    names = set(zipfile.ZipFile(built.wheel).namelist())
+    context = build_context()
+    modules = {c for c in context if c.startswith("proxy/") and c.endswith(".py")}
+    assert modules, "no modules in the build context"
+    assert modules <= names, sorted(modules - names)
+    package_data = {
+        f"proxy/{p.relative_to(REPO / 'proxy').as_posix()}"
+        for pattern in PYPROJECT["tool"]["setuptools"]["package-data"]["proxy"]
+        for p in (REPO / "proxy").glob(pattern)
+    }
+    assert any(n.endswith(".thrift") for n in package_data), "the IDL is not package data"
+    assert package_data <= names, sorted(package_data - names)
+    for c_source in (c for c in context if c.startswith("proxy/") and c.endswith(".c")):
+        stem = c_source.removesuffix(".c")
+        assert any(stem + s in names for s in importlib.machinery.EXTENSION_SUFFIXES), (
+            f"{c_source} was not compiled into the wheel"
+        )
+    for proto in sorted((REPO / "idl").glob("*.proto")):
+        for module in (f"{proto.stem}_pb2.py", f"{proto.stem}_pb2_grpc.py"):
+            assert f"proxy/admin/_gen/{module}" in names, module
+
+
+def test_the_wheel_declares_the_runtime_dependencies_and_the_console_script(
+    built: Built,
+) -> None:
+    with zipfile.ZipFile(built.wheel) as wheel:
+        info = next(n.split("/")[0] for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = HeaderParser().parsestr(wheel.read(f"{info}/METADATA").decode())
+        entry_points = wheel.read(f"{info}/entry_points.txt").decode()
+        tags = HeaderParser().parsestr(wheel.read(f"{info}/WHEEL").decode()).get_all("Tag")
+    runtime = {
+        str(Requirement(r))
+        for r in metadata.get_all("Requires-Dist") or []
+        if "extra" not in str(Requirement(r).marker or "")
+    }
+    assert runtime == {str(Requirement(r)) for r in PYPROJECT["project"]["dependencies"]}
+    for script, target in PYPROJECT["project"]["scripts"].items():
+        assert re.search(rf"^{re.escape(script)}\s*=\s*{re.escape(target)}$", entry_points, re.M)
+    python = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    assert tags and all(t.startswith(f"{python}-{python}-linux") for t in tags), tags
+
+
+# --- the wheel, run alone -----------------------------------------------------------------------
+
+
+def runtime_distributions() -> list[importlib.metadata.Distribution]:
+    """The project's runtime dependencies and theirs, as installed with the tests."""
+    found: dict[str, importlib.metadata.Distribution] = {}
+    todo = [Requirement(r) for r in PYPROJECT["project"]["dependencies"]]
+    while todo:
+        requirement = todo.pop()
+        name = canonicalize_name(requirement.name)
+        if name in found:
+            continue
+        dist = importlib.metadata.distribution(requirement.name)
+        assert requirement.specifier.contains(dist.version, prereleases=True), (
+            f"{dist.name} {dist.version} does not satisfy {requirement}"
+        )
+        found[name] = dist
+        for text in dist.requires or []:
+            sub = Requirement(text)
+            extras = ["", *requirement.extras]
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in extras):
+                todo.append(sub)
+    return list(found.values())
+
+
+@dataclass
+class Runtime:
+    venv: Path
+    bin: Path
+    site: Path
+    workdir: Path
+    env: dict[str, str]
+
+    def run(
+        self, *argv: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            cwd=self.workdir,
+            env=self.env if env is None else env,
+            timeout=60,
+        )
+
+
+@pytest.fixture(scope="module")
+def runtime(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Runtime:
+    """A virtual environment with the wheel and, beside it, only the runtime dependencies.
+
+    The dependencies are the ones installed with the tests (nothing is downloaded), each file of
+    each of them linked into one directory that a ``.pth`` file adds to the environment. The test
+    extras (pytest, pyspark, ...) are not in it.
+    """
+    root = tmp_path_factory.mktemp("runtime")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    install = ["install", "-q", "--no-deps", "--no-index", str(built.wheel)]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), *install], check=True, timeout=120
+    )
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    deps = root / "runtime-deps"
+    for dist in runtime_distributions():
+        for file in dist.files or []:
+            if file.parts[0] == ".." or not Path(str(dist.locate_file(file))).exists():
+                continue
+            link = deps / file
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(Path(str(dist.locate_file(file))))
+    (site / "runtime_deps.pth").write_text(f"{deps}\n")
+    workdir = root / "work"
+    workdir.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env = {k: v for k, v in env.items() if not k.startswith(config.ENV_PREFIX)}
+    env = image_env(env)
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    return Runtime(venv, venv / "bin", site, workdir, env)
+
+
+def test_the_runtime_dependencies_are_complete(runtime: Runtime) -> None:
+    result = runtime.run(
+        sys.executable, "-m", "pip", "--python", str(runtime.bin / "python"), "check"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_console_script_runs_from_the_wheel(runtime: Runtime) -> None:
+    (script,) = exec_form(stages()[-1].last("ENTRYPOINT").value)
+    path = shutil.which(script, path=runtime.env["PATH"])
+    assert path == str(runtime.bin / script)
+    version = runtime.run(path, "--version")
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.split() == [script, PYPROJECT["project"]["version"]]
+    command = exec_form(stages()[-1].last("CMD").value)
+    config_check = runtime.run(path, *command, "--print-config", "--upstream", "thrift://hms:9083")
+    assert config_check.returncode == 0, config_check.stdout + config_check.stderr
+
+
+PROBE = """
+import importlib.metadata, importlib.util, json, sys
+import proxy, proxy.app, proxy.wire._scanner, proxy.admin._gen.admin_pb2_grpc, grpc_health.v1
+from proxy import idl
+absent = [n for n in sys.argv[1:] if importlib.util.find_spec(n) is None]
+print(json.dumps({
+    "proxy": proxy.__file__,
+    "scanner": proxy.wire._scanner.__file__,
+    "idl": str(idl.idl_dir()),
+    "methods": len(idl.method_names()),
+    "absent": absent,
+}))
+"""
+
+
+def imports_of_test_extras() -> list[str]:
+    """Import names of the test extras that no runtime dependency provides."""
+    runtime = {canonicalize_name(d.name) for d in runtime_distributions()}
+    test_only = {
+        canonicalize_name(Requirement(r).name)
+        for r in PYPROJECT["project"]["optional-dependencies"]["test"]
+    } - runtime
+    names = []
+    for name, dists in importlib.metadata.packages_distributions().items():
+        owners = {canonicalize_name(d) for d in dists}
+        if name.isidentifier() and owners & test_only and not owners & runtime:
+            names.append(name)
+    return sorted(names)
+
+
+def test_the_package_runs_from_the_wheel_alone(runtime: Runtime) -> None:
+    test_only = imports_of_test_extras()
+    assert {"pytest", "pyspark"} <= set(test_only)
+    result = runtime.run(str(runtime.bin / "python"), "-I", "-c", PROBE, *test_only)
+    assert result.returncode == 0, result.stderr
+    probe = json.loads(result.stdout)
+    package = runtime.site / "proxy"
+    assert Path(probe["proxy"]) == package / "__init__.py"
+    assert Path(probe["scanner"]).parent == package / "wire"
+    assert Path(probe["scanner"]).name.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+    assert Path(probe["idl"]) == package / "_idl"
+    assert probe["methods"] > 100
+    assert probe["absent"] == test_only, "test dependencies are visible to the runtime"
+
+
+# --- the HEALTHCHECK, run against the proxy -----------------------------------------------------
+
+
+@dataclass
+class RunningProxy:
+    process: subprocess.Popen[bytes]
+    env: dict[str, str]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+StartProxy = Callable[..., RunningProxy]
+
+
+@pytest.fixture
+def start_proxy(runtime: Runtime, tmp_path: Path) -> Iterator[StartProxy]:
+    """The proxy as the image starts it: ENTRYPOINT + CMD, the image's environment, flags."""
+    started: list[RunningProxy] = []
+
+    def start(upstream: str, *, admin_host: str = "127.0.0.1") -> RunningProxy:
+        admin_port = free_port()
+        env = dict(runtime.env)
+        env[config.env_name("admin_listen")] = f"{admin_host}:{admin_port}"
+        if not config.is_loopback(admin_host):
+            token = tmp_path / f"token-{admin_port}"
+            token.write_text("s3cret\n")
+            env[config.env_name("admin_token_file")] = str(token)
+        entrypoint = exec_form(stages()[-1].last("ENTRYPOINT").value)
+        command = exec_form(stages()[-1].last("CMD").value)
+        executable = shutil.which(entrypoint[0], path=env["PATH"])
+        assert executable == str(runtime.bin / entrypoint[0])
+        listen = ["--listen", f"127.0.0.1:{free_port()}"]
+        listen += ["--metrics-listen", f"127.0.0.1:{free_port()}"]
+        log = tmp_path / f"proxy-{admin_port}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [executable, *entrypoint[1:], *command, "--upstream", upstream, *listen],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=runtime.workdir,
+                env=env,
+            )
+        proxy = RunningProxy(process, env, log)
+        started.append(proxy)
+        try:
+            wait_for_port(admin_port, 30, alive=lambda: process.poll() is None)
+        except Exception as exc:
+            raise AssertionError(f"{exc}\n{proxy.output()}") from exc
+        return proxy
+
+    yield start
+    for proxy in started:
+        if proxy.process.poll() is None:
+            proxy.process.send_signal(signal.SIGTERM)
+            try:
+                proxy.process.wait(30)
+            except subprocess.TimeoutExpired:
+                proxy.process.kill()
+                proxy.process.wait(10)
+
+
+def run_healthcheck(
+    runtime: Runtime, env: dict[str, str], *, service: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The HEALTHCHECK's command, as Docker runs it in the container (optionally another
+    health service, to tell a broken check from a proxy that is not ready)."""
+    _, argv = healthcheck()
+    if service is not None:
+        at = argv.index("-c") + 1
+        code = argv[at].replace(f"service={READINESS!r}", f"service={service!r}")
+        assert code != argv[at], "the readiness service is not named where expected"
+        argv = [*argv[:at], code, *argv[at + 1 :]]
+    executable = shutil.which(argv[0], path=env["PATH"])
+    assert executable == str(runtime.bin / argv[0]), "not the image's Python"
+    return runtime.run(executable, *argv[1:], env=env)
+
+
+def test_the_healthcheck_fails_without_a_proxy(runtime: Runtime) -> None:
+    env = dict(runtime.env)
+    env[config.env_name("admin_listen")] = f"127.0.0.1:{free_port()}"
+    result = run_healthcheck(runtime, env)
+    assert result.returncode == 1  # unhealthy (2 is reserved by Docker)
+    assert "StatusCode.UNAVAILABLE" in result.stderr
+
+
+def test_the_healthcheck_fails_while_the_metastore_is_unreachable(
+    runtime: Runtime, start_proxy: StartProxy
+) -> None:
+    proxy = start_proxy(f"thrift://127.0.0.1:{free_port()}")
+    # Alive: the same check on the liveness service passes ...
+    alive = run_healthcheck(runtime, proxy.env, service="")
+    assert alive.returncode == 0, alive.stderr + proxy.output()
+    # ... but not ready: the proxy answered NOT_SERVING, the check did not break.
+    ready = run_healthcheck(runtime, proxy.env)
+    assert (ready.returncode, ready.stderr) == (1, "")
+    assert proxy.process.poll() is None
+
+
+@pytest.mark.hms
+def test_the_healthcheck_passes_once_ready_with_the_admin_port_open(
+    runtime: Runtime, start_proxy: StartProxy, hms: MetastoreServer
+) -> None:
+    """As in Kubernetes: admin on all addresses, with a token; health calls need none."""
+    proxy = start_proxy(hms.uri, admin_host="0.0.0.0")
+    deadline = time.monotonic() + 60
+    while (result := run_healthcheck(runtime, proxy.env)).returncode != 0:
+        assert proxy.process.poll() is None, proxy.output()
+        assert time.monotonic() < deadline, f"never healthy: {result.stderr}\n{proxy.output()}"
+        time.sleep(0.5)
+    assert result.stderr == ""
+    proxy.process.send_signal(signal.SIGTERM)
+    assert proxy.process.wait(60) == 0, proxy.output()
