@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -12,13 +11,13 @@ import pytest
 import redis
 
 from proxy import idl
-from proxy.wire.binary import MessageType
 from tests.conftest import ProxyFactory
 from tests.rig import raw
 from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.redis_server import RedisServer
 from tests.rig.sample import Sample, client
+from tests.rig.workload import Workload, hits
 
 M = idl.module()
 
@@ -255,84 +254,21 @@ def test_partitions_take_a_quarter_of_their_bytes_in_redis(
 # -- Redis failing -----------------------------------------------------------------------------
 
 
-class Workload:
-    """Reads (compared with the HMS) and writes through the proxy, in a thread."""
-
-    def __init__(self, hms: MetastoreServer, proxy: ProxyProcess, sample: Sample) -> None:
-        self.hms, self.proxy, self.sample = hms, proxy, sample
-        self.errors: list[str] = []
-        self.mismatches: list[str] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run)
-        self.lock = threading.Lock()  # writes and their check are not interleaved
-
-    def requests(self) -> list[tuple[str, bytes]]:
-        s = self.sample
-        calls: list[tuple[str, dict[str, object]]] = [
-            ("get_table", {"dbname": s.db, "tbl_name": s.table}),
-            (
-                "get_partitions_by_names",
-                {"db_name": s.db, "tbl_name": s.table, "names": list(s.partition_names)},
-            ),
-            ("get_partition_names", {"db_name": s.db, "tbl_name": s.table, "max_parts": -1}),
-        ]
-        return [(method, idl.encode_call(method, 1, **args)) for method, args in calls]
-
-    def run(self) -> None:
-        n = 0
-        while not self.stop.is_set():
-            n += 1
-            try:
-                if n % 5 == 0:
-                    with client("127.0.0.1", self.proxy.port) as c:
-                        part = c.get_partition_by_name(
-                            self.sample.db, self.sample.table, self.sample.partition_name
-                        )
-                        part.parameters["n"] = str(n)
-                        c.alter_partition(self.sample.db, self.sample.table, part)
-                for method, request in self.requests():
-                    through = raw.call("127.0.0.1", self.proxy.port, request)
-                    direct = raw.call(self.hms.host, self.hms.port, request)
-                    if through[3] != MessageType.REPLY:
-                        self.errors.append(f"exception reply to {method}")
-                    elif not raw.same_result(method, through, direct):
-                        self.mismatches.append(f"{method} at {n}")
-            except Exception as exc:
-                self.errors.append(repr(exc))
-            time.sleep(0.02)
-
-    def __enter__(self) -> Workload:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(60)
-
-
-def _hits(proxy: ProxyProcess) -> float:
-    return sum(
-        v
-        for (name, labels), v in proxy.metrics().items()
-        if name == "hmsproxy_cache_lookups_total" and ("result", "hit") in labels
-    )
-
-
 def test_redis_killed_and_restarted_under_load(
     hms: MetastoreServer, own_redis: RedisServer, proxy_factory: ProxyFactory, sample: Sample
 ) -> None:
     proxy = proxy_factory("--redis", own_redis.url)
     with Workload(hms, proxy, sample) as load:
         time.sleep(1.5)
-        assert _hits(proxy) > 0
+        assert hits(proxy) > 0
         own_redis.stop()
         time.sleep(2.0)
-        hits_during_outage = _hits(proxy)
+        hits_during_outage = hits(proxy)
         own_redis.start()  # same port, empty
         time.sleep(3.0)
-    assert load.errors == []
+    assert load.errors == [] and load.failed_replies == []
     assert load.mismatches == []
-    assert _hits(proxy) > hits_during_outage + 5  # hits resumed without a restart
+    assert hits(proxy) > hits_during_outage + 5  # hits resumed without a restart
     errors = sum(
         v for (name, _), v in proxy.metrics().items() if name == "hmsproxy_cache_errors_total"
     )
@@ -355,7 +291,7 @@ def test_redis_frozen_with_writes_pending(
         finally:
             os.kill(own_redis.process.pid, signal.SIGCONT)
         time.sleep(3.0)
-    assert load.errors == []
+    assert load.errors == [] and load.failed_replies == []
     assert load.mismatches == []
     assert "pending invalidations applied" in proxy.log()
 

@@ -44,15 +44,22 @@ def storage_descriptor(location: str) -> t.StorageDescriptor:
     )
 
 
-def client(host: str, port: int, *, framed: bool = False) -> hmsclient.HMSClient:
-    """An hmsclient; on the framed transport if the server wants it (hmsclient's default is not)."""
-    if not framed:
+def client(
+    host: str, port: int, *, framed: bool = False, timeout: float | None = None
+) -> hmsclient.HMSClient:
+    """An hmsclient; on the framed transport if the server wants it (hmsclient's default is
+    not); with ``timeout`` (seconds), a call that gets no answer raises instead of hanging."""
+    if not framed and timeout is None:
         return hmsclient.HMSClient(host=host, port=port)
     from thrift.protocol.TBinaryProtocol import TBinaryProtocol
     from thrift.transport.TSocket import TSocket
-    from thrift.transport.TTransport import TFramedTransport
+    from thrift.transport.TTransport import TBufferedTransport, TFramedTransport
 
-    return hmsclient.HMSClient(iprot=TBinaryProtocol(TFramedTransport(TSocket(host, port))))
+    sock = TSocket(host, port)
+    if timeout is not None:
+        sock.setTimeout(timeout * 1000)
+    transport = TFramedTransport(sock) if framed else TBufferedTransport(sock)
+    return hmsclient.HMSClient(iprot=TBinaryProtocol(transport))
 
 
 def create(host: str, port: int, warehouse: str, *, framed: bool = False) -> Sample:

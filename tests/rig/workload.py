@@ -1,0 +1,129 @@
+"""A read/write workload through proxies, checked against the HMS as it goes, in a thread.
+
+Each round reads a table, all of its partitions by name and its partition names through a
+proxy (round robin over the proxies given) and straight at the HMS, and compares the
+results; every ``write_every`` rounds it alters a partition through the first proxy first,
+so the reads that follow must see it. Nothing it does is left unchecked:
+
+* ``mismatches``: a proxy's answer differed from the HMS's (stale or wrong): never allowed;
+* ``errors``: an exception escaped, or a call took longer than ``call_timeout`` (a hang);
+* ``failed_replies``: the proxy answered with a Thrift exception, or closed the connection,
+  while the HMS answered normally;
+* ``outage_replies``: the proxy answered with an error while the HMS itself could not
+  answer (allowed while a test has taken the HMS away: "prompt Thrift errors").
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from proxy import idl
+from proxy.wire.binary import MessageType
+from tests.rig import raw
+from tests.rig.hms import MetastoreServer
+from tests.rig.proxy_process import ProxyProcess
+from tests.rig.sample import Sample, client
+
+
+def _call(port: int, request: bytes, timeout: float) -> bytes:
+    try:
+        with raw.RawConnection("127.0.0.1", port, timeout=timeout) as conn:
+            return conn.call(request)
+    except (EOFError, ConnectionError):
+        return raw.CLOSED
+
+
+class Workload:
+    def __init__(
+        self,
+        hms: MetastoreServer,
+        proxies: ProxyProcess | list[ProxyProcess],
+        sample: Sample,
+        *,
+        write_every: int = 5,
+        call_timeout: float = 30.0,
+    ) -> None:
+        self.hms, self.sample = hms, sample
+        self.proxies = proxies if isinstance(proxies, list) else [proxies]
+        self.write_every, self.call_timeout = write_every, call_timeout
+        self.errors: list[str] = []
+        self.mismatches: list[str] = []
+        self.failed_replies: list[str] = []
+        self.outage_replies = 0
+        self.rounds = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def requests(self) -> list[tuple[str, bytes]]:
+        s = self.sample
+        calls: list[tuple[str, dict[str, object]]] = [
+            ("get_table", {"dbname": s.db, "tbl_name": s.table}),
+            (
+                "get_partitions_by_names",
+                {"db_name": s.db, "tbl_name": s.table, "names": list(s.partition_names)},
+            ),
+            ("get_partition_names", {"db_name": s.db, "tbl_name": s.table, "max_parts": -1}),
+        ]
+        return [(method, idl.encode_call(method, 1, **args)) for method, args in calls]
+
+    def _write(self, n: int) -> None:
+        with client("127.0.0.1", self.proxies[0].port, timeout=self.call_timeout) as c:
+            part = c.get_partition_by_name(
+                self.sample.db, self.sample.table, self.sample.partition_name
+            )
+            part.parameters["n"] = str(n)
+            c.alter_partition(self.sample.db, self.sample.table, part)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.rounds += 1
+            n = self.rounds
+            proxy = self.proxies[n % len(self.proxies)]
+            try:
+                if self.write_every and n % self.write_every == 0:
+                    self._write(n)
+            except (OSError, EOFError) as exc:  # the HMS (or a proxy) is away: no write
+                self.outage_replies += 1
+                del exc
+            except Exception as exc:
+                self.errors.append(f"write {n}: {exc!r}")
+            for method, request in self.requests():
+                try:
+                    started = time.monotonic()
+                    through = _call(proxy.port, request, self.call_timeout)
+                    direct = _call(self.hms.port, request, self.call_timeout)
+                except TimeoutError as exc:
+                    self.errors.append(f"{method} at {n}: no answer ({exc!r})")
+                    continue
+                except Exception as exc:
+                    self.errors.append(f"{method} at {n}: {exc!r}")
+                    continue
+                if time.monotonic() - started > 2 * self.call_timeout:
+                    self.errors.append(f"{method} at {n}: took {time.monotonic() - started:.1f} s")
+                hms_ok = direct != raw.CLOSED and direct[3] == MessageType.REPLY
+                proxy_ok = through != raw.CLOSED and through[3] == MessageType.REPLY
+                if proxy_ok and hms_ok:
+                    if not raw.same_result(method, through, direct):
+                        self.mismatches.append(f"{method} at {n}")
+                elif not proxy_ok and hms_ok:
+                    self.failed_replies.append(f"{method} at {n}")
+                elif not proxy_ok:
+                    self.outage_replies += 1
+            time.sleep(0.02)
+
+    def __enter__(self) -> Workload:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(120)
+
+
+def hits(proxy: ProxyProcess) -> float:
+    return sum(
+        v
+        for (name, labels), v in proxy.metrics().items()
+        if name == "hmsproxy_cache_lookups_total" and ("result", "hit") in labels
+    )
