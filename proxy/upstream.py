@@ -193,14 +193,20 @@ class UpstreamPool:
     def _take_idle(self, identity: Identity | None) -> UpstreamConnection | None:
         queue = self._idle.get(identity)
         now = time.monotonic()
+        found = None
         while queue:
             conn = queue.pop()  # most recently used first: it is the least likely to be stale
             self._idle_count -= 1
             if conn.usable and now - conn.idle_since < self.options.upstream_idle_timeout:
-                self._update_gauges()
-                return conn
+                found = conn
+                break
             self._discard(conn)
-        return None
+        if queue is not None and not queue:
+            # No empty queues stay behind: eviction takes the oldest identity's queue, and
+            # it must hold a connection (many identities, each with its own, hit this).
+            del self._idle[identity]
+        self._update_gauges()
+        return found
 
     def _pop_oldest_idle(self) -> UpstreamConnection:
         identity, queue = next(iter(self._idle.items()))
