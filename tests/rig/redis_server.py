@@ -57,9 +57,11 @@ class RedisServer:
 
 
 class RedisCluster:
-    """Three real ``redis-server`` nodes joined with ``redis-cli --cluster create``."""
+    """Real ``redis-server`` nodes joined with ``redis-cli --cluster create``: three masters,
+    and with ``replicas=1`` a replica for each (which takes over when its master dies)."""
 
-    def __init__(self, workdir: Path, nodes: int = 3) -> None:
+    def __init__(self, workdir: Path, nodes: int = 3, replicas: int = 0) -> None:
+        self.replicas = replicas
         self.nodes = [
             RedisServer(
                 workdir / f"node{i}",
@@ -94,7 +96,7 @@ class RedisCluster:
                 "create",
                 *(f"127.0.0.1:{n.port}" for n in self.nodes),
                 "--cluster-replicas",
-                "0",
+                str(self.replicas),
                 "--cluster-yes",
             ],
             check=True,
@@ -111,10 +113,72 @@ class RedisCluster:
                 ).stdout
                 for n in self.nodes
             ]
-            if all("cluster_state:ok" in s for s in states):
+            if all("cluster_state:ok" in s for s in states) and self._replicas_attached():
                 return
             time.sleep(0.2)
         raise TimeoutError("redis cluster did not become ready")
+
+    def _replicas_attached(self) -> bool:
+        """Replicas join after ``--cluster create`` returns; a master killed before its
+        replica is in sync has nobody to take over."""
+        if not self.replicas:
+            return True
+        lines = subprocess.run(
+            ["redis-cli", "-p", str(self.nodes[0].port), "cluster", "nodes"],
+            capture_output=True,
+            text=True,
+        ).stdout.splitlines()
+        expected = len(self.nodes) - len(self.nodes) // (self.replicas + 1)
+        if sum("slave" in line.split()[2] for line in lines if line.strip()) < expected:
+            return False
+        return all(
+            "master_link_status:up"
+            in subprocess.run(
+                ["redis-cli", "-p", str(n.port), "info", "replication"],
+                capture_output=True,
+                text=True,
+            ).stdout
+            for n in self.nodes
+            if "role:slave"
+            in subprocess.run(
+                ["redis-cli", "-p", str(n.port), "info", "replication"],
+                capture_output=True,
+                text=True,
+            ).stdout
+        )
+
+    def state(self, node: RedisServer) -> str:
+        return subprocess.run(
+            ["redis-cli", "-p", str(node.port), "cluster", "info"], capture_output=True, text=True
+        ).stdout
+
+    def master_of(self, key: str) -> RedisServer:
+        """The node that serves ``key``'s slot now."""
+        for node in self.nodes:
+            if node.process is None or node.process.poll() is not None:
+                continue
+            slot = subprocess.run(
+                ["redis-cli", "-p", str(node.port), "cluster", "keyslot", key],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            lines = subprocess.run(
+                ["redis-cli", "-p", str(node.port), "cluster", "nodes"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.splitlines()
+            for line in lines:
+                fields = line.split()
+                if "master" not in fields[2] or "fail" in fields[2]:
+                    continue
+                for span in fields[8:]:
+                    lo, _, hi = span.partition("-")
+                    if lo.isdigit() and int(lo) <= int(slot) <= int(hi or lo):
+                        port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+                        return next(n for n in self.nodes if n.port == port)
+        raise LookupError(key)
 
     def stop(self) -> None:
         for node in self.nodes:

@@ -27,6 +27,8 @@ from tests.rig.sample import Sample, client
 
 
 def _call(port: int, request: bytes, timeout: float) -> bytes:
+    """The reply, or ``CLOSED`` if the server is not there or hung up; a server that
+    accepts but does not answer within ``timeout`` raises TimeoutError (a hang)."""
     try:
         with raw.RawConnection("127.0.0.1", port, timeout=timeout) as conn:
             return conn.call(request)
@@ -83,11 +85,12 @@ class Workload:
             try:
                 if self.write_every and n % self.write_every == 0:
                     self._write(n)
-            except (OSError, EOFError) as exc:  # the HMS (or a proxy) is away: no write
-                self.outage_replies += 1
-                del exc
-            except Exception as exc:
-                self.errors.append(f"write {n}: {exc!r}")
+            except Exception as exc:  # allowed only while the HMS itself cannot answer
+                probe = _call(self.hms.port, idl.encode_call("get_database", 1, name="default"), 5)
+                if probe == raw.CLOSED or probe[3] != MessageType.REPLY:
+                    self.outage_replies += 1
+                else:
+                    self.errors.append(f"write {n}: {exc!r}")
             for method, request in self.requests():
                 try:
                     started = time.monotonic()
