@@ -96,6 +96,22 @@ class SessionState:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+class _NoReply:
+    """The channel of a call the client sent as ONEWAY: it reads no reply, so the answer is
+    dropped. Whether the metastore replies depends on the method, not on the message type
+    (a Java processor answers every method that is not declared oneway), so that reply is
+    still read off the pooled connection, where it would otherwise answer the next caller."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+
+    async def send(self, data: bytes) -> None:
+        pass
+
+    async def send_message(self, head: bytes, rest: memoryview) -> None:
+        pass
+
+
 OnReply = Callable[[Message], Awaitable[None]]
 Fallback = Callable[[], Awaitable[bool]]
 
@@ -137,6 +153,8 @@ class CallHandler:
     async def handle(self, session: SessionState, message: Message, client: ClientChannel) -> None:
         """Answer one call. Raises ClientGone when the client connection must be closed."""
         header = message.header
+        if header.type == MessageType.ONEWAY:
+            client = _NoReply(client.transport)
         label = method_label(header.name)
         spec = catalog.lookup(header.name)
         started = time.perf_counter()
@@ -151,7 +169,7 @@ class CallHandler:
             elif self.cache is not None and (spec is None or spec.kind is Kind.WRITE):
                 outcome = await self._write(session, message, client, spec)
             else:
-                oneway = header.type == MessageType.ONEWAY or header.name in idl.oneway_methods()
+                oneway = header.name in idl.oneway_methods()  # the metastore sends no reply
                 retries = 1 if spec is not None and spec.retryable else 0
                 outcome = await self._forward(
                     session, message, client, oneway=oneway, retries=retries
@@ -341,7 +359,7 @@ class CallHandler:
         """Forward a write, invalidate what it changes, then answer the writer."""
         assert self.cache is not None
         header = message.header
-        oneway = header.type == MessageType.ONEWAY or header.name in idl.oneway_methods()
+        oneway = header.name in idl.oneway_methods()  # the metastore sends no reply
         if spec is None and header.name.startswith(_READ_PREFIXES):
             return await self._forward(session, message, client, oneway=oneway)
         plan = FLUSH if spec is None else self.cache.plan_write(spec, message)

@@ -16,6 +16,7 @@ import thriftpy2
 from thriftpy2.protocol.cybin import TCyBinaryProtocolFactory  # type: ignore[attr-defined]
 from thriftpy2.transport.memory import TCyMemoryBuffer  # type: ignore[attr-defined]
 
+from proxy import conform
 from proxy.wire.binary import MessageType, encode_header
 from proxy.wire.errors import ProtocolError
 
@@ -99,7 +100,12 @@ def encode(obj: Any) -> bytes:
 
 
 def decode_args(method: str, body: bytes) -> Any:
-    return decode(args_class(method), body)
+    """A client's call arguments. Checked against the IDL first: thriftpy2 believes the IDL
+    over the wire, which a hostile client can exploit (see :mod:`proxy.conform`). Replies
+    come from the metastore's own Thrift serializer and are decoded as they are."""
+    cls = args_class(method)
+    conform.check(cls, body)
+    return decode(cls, body)
 
 
 def decode_result(method: str, body: bytes) -> Any:

@@ -133,6 +133,12 @@ def _one_string(values: list[Any]) -> str | None:
     return strings.pop() if len(strings) == 1 and len(values) >= 1 else None
 
 
+def _all_text(values: list[Any]) -> bool:
+    """Whether every value is text (thriftpy2 hands out bytes that are not UTF-8, which the
+    metastore would read with replacement characters: no key of ours can name them)."""
+    return all(isinstance(v, str) for v in values)
+
+
 def _partition_values(refs: Iterable[str], args: Any) -> list[tuple[str, ...]] | None:
     """Every partition the references name, as value tuples; ``None`` if one is unclear."""
     out: list[tuple[str, ...]] = []
@@ -142,11 +148,15 @@ def _partition_values(refs: Iterable[str], args: Any) -> list[tuple[str, ...]] |
         if kind == "values":
             # An empty list names no partition (fire_listener_event on an unpartitioned
             # table): the caller then treats the table's partitions as a whole.
-            out += [tuple(v) for v in found if isinstance(v, list) and v]
+            for v in found:
+                if isinstance(v, list) and v:
+                    if not _all_text(v):
+                        return None
+                    out.append(tuple(v))
         elif kind == "objects":
             for obj in found:
                 values = getattr(obj, "values", None)
-                if not isinstance(values, list):
+                if not isinstance(values, list) or not _all_text(values):
                     return None
                 out.append(tuple(values))
         else:  # name / names

@@ -114,9 +114,11 @@ class MessageReader:
                 return False
             self.header = header
             self._scanner = StructScanner(self._start + header.length, limit)
-        assert self._scanner is not None
+        scanner = self._scanner
+        assert scanner is not None
+        limit = scanner.limit  # rebased with the scanner when streamed bytes are dropped
         try:
-            finished = self._scanner.scan(buf, min(len(buf), limit))
+            finished = scanner.scan(buf, min(len(buf), limit))
         except LimitExceeded as exc:
             if self._frame_end is not None:
                 raise ProtocolError(f"struct runs past the end of its frame ({exc})") from exc
@@ -124,8 +126,12 @@ class MessageReader:
         if not finished:
             if self._frame_end is not None and len(buf) >= self._frame_end:
                 raise ProtocolError("struct runs past the end of its frame")
+            if len(buf) >= limit:
+                # Every byte up to the limit was scanned and the struct goes on (a token
+                # ended exactly on the limit, so no declared length gave it away).
+                raise MessageTooLarge(f"message exceeds {self.max_size} bytes")
             return False
-        end = self._scanner.pos
+        end = scanner.pos
         if self._frame_end is not None and end != self._frame_end:
             raise ProtocolError("frame carries bytes after its message")
         self._end = end
