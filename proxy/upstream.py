@@ -116,6 +116,7 @@ class UpstreamPool:
         self._idle_count = 0
         self._open = 0  # idle + in use
         self._slots = asyncio.Condition()
+        self._waiting = 0  # callers waiting in _reserve_slot for a connection to come back
         self._endpoint_failed_at: dict[Endpoint, float] = {}
         # The HMS's reply to each identity's set_ugi, so a client repeating it can be answered
         # without a round trip (the HMS answers the same arguments the same way).
@@ -128,16 +129,24 @@ class UpstreamPool:
     async def acquire(
         self, identity: Identity | None, *, fresh: bool = False
     ) -> UpstreamConnection:
-        """A connection running as ``identity``; ``fresh`` skips pooled ones (after a stale one)."""
-        if not fresh:
-            conn = self._take_idle(identity)
-            if conn is not None:
-                return conn
-            if identity is not None:
-                anonymous = self._take_idle(None)
-                if anonymous is not None:
-                    return await self._bind(anonymous, identity)
-        await self._reserve_slot()
+        """A connection running as ``identity``; ``fresh`` skips pooled ones (after a stale one).
+
+        At the connection limit it waits (up to ``--upstream-connect-timeout``) for one to
+        come back, and takes it if it runs as ``identity``; otherwise it closes the oldest
+        idle connection and opens its own.
+        """
+        deadline = time.monotonic() + self.options.upstream_connect_timeout
+        while True:
+            if not fresh:
+                conn = self._take_idle(identity)
+                if conn is not None:
+                    return conn
+                if identity is not None:
+                    anonymous = self._take_idle(None)
+                    if anonymous is not None:
+                        return await self._bind(anonymous, identity)
+            if await self._reserve_slot(deadline):
+                break
         try:
             conn = await self._connect()
         except BaseException:
@@ -163,6 +172,8 @@ class UpstreamPool:
         while self._idle_count > self.options.upstream_max_idle:
             self._discard(self._pop_oldest_idle())
         self._update_gauges()
+        if self._waiting:  # at the limit, someone waits for exactly this
+            asyncio.get_running_loop().create_task(self._notify_slot())
 
     def discard(self, conn: UpstreamConnection) -> None:
         """Close a connection that failed or is out of step; it never goes back to the pool."""
@@ -226,25 +237,30 @@ class UpstreamPool:
         async with self._slots:
             self._slots.notify()
 
-    async def _reserve_slot(self) -> None:
-        """Count a new connection against the limit, evicting idle ones of other identities."""
-        deadline = time.monotonic() + self.options.upstream_connect_timeout
+    async def _reserve_slot(self, deadline: float) -> bool:
+        """Count a new connection against the limit (``True``), closing the oldest idle one
+        if need be; or wait for a connection to come back (``False``: look at the idle ones
+        again, one may be of the caller's identity)."""
+        limit = self.options.upstream_max_connections
         async with self._slots:
-            while self._open >= self.options.upstream_max_connections:
-                if self._idle_count:
-                    victim = self._pop_oldest_idle()
-                    victim.close()
-                    self._open -= 1
-                    continue
+            if self._open >= limit and not self._idle_count:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise UpstreamUnavailable(
-                        f"all {self.options.upstream_max_connections} metastore connections busy"
-                    )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._slots.wait(), remaining)
+                    raise UpstreamUnavailable(f"all {limit} metastore connections busy")
+                self._waiting += 1
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._slots.wait(), remaining)
+                finally:
+                    self._waiting -= 1
+                return False
+            if self._open >= limit:
+                victim = self._pop_oldest_idle()
+                victim.close()
+                self._open -= 1
             self._open += 1
         self._update_gauges()
+        return True
 
     async def _free_slot(self) -> None:
         self._open -= 1

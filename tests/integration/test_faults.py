@@ -179,3 +179,38 @@ def test_oneway_calls_get_no_reply(hms: MetastoreServer, proxy_factory: ProxyFac
         conn.send(oneway)
         assert conn.call(follow) == expected  # the first bytes back answer getName
     assert proxy.metric("hmsproxy_requests_total", method="reinitialize", outcome="ok") == 1
+
+
+def test_callers_at_the_connection_limit_share_the_connections_that_come_back(
+    hms: MetastoreServer, proxy_factory: ProxyFactory, sample: Sample
+) -> None:
+    """Twelve clients, two metastore connections: every call is answered, on those two
+    connections, each handed to a waiting caller when it comes back (not closed and opened
+    again after a caller has waited out --upstream-connect-timeout)."""
+    proxy = proxy_factory(
+        "--cache",
+        "off",
+        "--upstream-max-connections",
+        "2",
+        "--upstream-max-idle",
+        "2",
+        "--upstream-connect-timeout",
+        "30",
+    )
+    before = proxy.metric("hmsproxy_upstream_connects_total", result="ok")
+    expected = _get_db(hms.port, sample.db)
+    errors: list[bytes] = []
+
+    def client() -> None:
+        for _ in range(10):
+            reply = _get_db(proxy.port, sample.db)
+            if reply != expected:
+                errors.append(reply)
+
+    threads = [threading.Thread(target=client) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:3]
+    assert proxy.metric("hmsproxy_upstream_connects_total", result="ok") - before <= 2
