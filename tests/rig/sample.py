@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hmsclient import hmsclient
 from hmsclient.genthrift.hive_metastore import ttypes as t
@@ -25,15 +27,20 @@ class Sample:
     partition_names: tuple[str, ...] = tuple(f"ds={d}/region={r}" for d in DAYS for r in REGIONS)
 
 
-def storage_descriptor(location: str) -> t.StorageDescriptor:
-    return t.StorageDescriptor(
-        cols=[t.FieldSchema(name, kind, None) for name, kind in COLUMNS],
+def storage_descriptor(
+    location: str, columns: Sequence[tuple[str, str]] = COLUMNS, types: Any = t
+) -> Any:
+    """A Parquet storage descriptor with ``(name, type)`` columns, built with ``types``:
+    hmsclient's ``ttypes`` (the default) or the proxy's thriftpy2 module (``idl.module()``),
+    whose classes take the same arguments."""
+    return types.StorageDescriptor(
+        cols=[types.FieldSchema(name, kind, None) for name, kind in columns],
         location=location,
         inputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetInputFormat",
         outputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat",
         compressed=False,
         numBuckets=-1,
-        serdeInfo=t.SerDeInfo(
+        serdeInfo=types.SerDeInfo(
             None,
             "org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe",
             {"serialization.format": "1"},
