@@ -189,7 +189,7 @@ class RedisStore:
         (log.warning if first else log.debug)(
             "cache: redis %s failed (%s); answering from the metastore, retrying in %.1f s",
             operation,
-            exc or type(exc).__name__,
+            str(exc) or type(exc).__name__,  # a timeout has no text of its own
             delay,
         )
         if isinstance(exc, (OSError, TimeoutError)) or "connect" in str(exc).lower():
