@@ -31,6 +31,7 @@ import signal
 import sys
 import time
 import traceback
+import tracemalloc
 from collections import Counter
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -70,6 +71,11 @@ def _worker(conn: Connection, opts: Options, start: int, progress: Any) -> None:
     sandbox.limit_memory(opts.headroom)
     mutator = Mutator(seeds(), random.Random())
     targets.warm()
+    if opts.tracemalloc:
+        # Once for the whole run: check_bounded would otherwise start and stop tracing for
+        # every input, and tracemalloc's own bookkeeping then grows the worker by ~4 MB per
+        # thousand inputs (the proxy's code does not: its RSS stays flat without tracing).
+        tracemalloc.start()
     run = targets.check_bounded if opts.tracemalloc else targets.check
     stats = _fresh()
     for index in range(start, opts.inputs, opts.workers):
