@@ -177,6 +177,9 @@ class CallHandler:
         except ClientGone:
             self.metrics.requests.labels(label, "upstream_error").inc()
             raise
+        except ConnectionError as exc:  # the client's side, while it was being answered
+            self.metrics.requests.labels(label, "client_gone").inc()
+            raise ClientGone(f"client connection lost: {exc}") from exc
         except Exception:
             self.metrics.requests.labels(label, "internal_error").inc()
             log.exception("%s: internal error answering %s", session.peer, header.name)
@@ -474,6 +477,13 @@ class CallHandler:
                 if fallback is not None and await fallback():
                     return "ok"
                 return await self._upstream_failed(client, message, exc)
+            except BaseException:
+                # The client went away mid-reply (or the task was cancelled): the reply may be
+                # half read off this connection, which therefore cannot serve anyone else.
+                self.pool.discard(conn)
+                if session.pinned is conn:
+                    session.pinned = None
+                raise
             self.pool.release(conn, reusable=True)
             return result
 

@@ -40,7 +40,7 @@ LATENCY_BUCKETS = (
 
 UNKNOWN_METHOD = "unknown"
 
-OUTCOMES = ("ok", "user_error", "upstream_error", "internal_error")
+OUTCOMES = ("ok", "user_error", "upstream_error", "internal_error", "client_gone")
 UPSTREAM_OUTCOMES = ("ok", "timeout", "connection_error", "protocol_error")
 SOURCES = ("cache", "upstream")
 LOOKUP_RESULTS = ("hit", "miss", "negative_hit", "bypass")

@@ -335,7 +335,7 @@ def requests() -> list[Panel]:
             "Requests / s by outcome",
             "ok; user_error: a declared HMS exception (NoSuchObjectException, ...); "
             "upstream_error: the metastore failed or was unreachable; internal_error: a bug in "
-            "the proxy.",
+            "the proxy; client_gone: the client hung up before its answer was sent.",
             [target(f"sum by (outcome) ({rate('hmsproxy_requests_total')})", "{{outcome}}")],
             "reqps",
             stack=True,

@@ -3,10 +3,13 @@
 * **One round trip per hit.** A hit needs one look-up (HMGET of the versions, MGET of the
   entries), sent over the lean pipelined connection of :mod:`proxy.cache.resp`; concurrent
   look-ups share it. On Redis Cluster each command goes to its slot's node.
-* **Fail open.** Every operation has a short deadline (``--redis-timeout``). A failure opens a
-  breaker: for a backoff period (exponential, jittered) every operation fails at once
-  without touching the network, and the engine answers from the HMS; then one attempt is
-  let through, and success closes the breaker.
+* **Fail open.** Every operation has a short deadline (``--redis-timeout``); one that fails is
+  answered from the HMS. A connection failure or an error reply opens a breaker at once;
+  timeouts open it when they outnumber successes within a second (at least
+  :data:`TIMEOUTS_TO_OPEN`): a busy machine that delays a few replies must not send every
+  call to the HMS, which would make it busier still. While open, for a backoff period
+  (exponential, jittered), every operation fails at once without touching the network;
+  then one attempt is let through, and success closes the breaker.
 * **Eviction-safe invalidation.** A bump that Redis refuses (out of memory under
   ``noeviction``) falls back to deleting the version hash, which Redis allows even when full
   and which invalidates at least as much.
@@ -24,6 +27,7 @@ from typing import Any
 import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeout
 
 from proxy.cache import resp
 from proxy.cache.keys import COORDINATION, EPOCH
@@ -50,6 +54,9 @@ def op(name: str, *args: Any, **kwargs: Any) -> Op:
     return name, args, kwargs
 
 
+TIMEOUTS_TO_OPEN = 3  # timeouts within a second, outnumbering successes, that open the breaker
+
+
 class RedisStore:
     compress = True
 
@@ -69,6 +76,7 @@ class RedisStore:
         self.metrics = metrics
         self.mode = mode
         self.backoff = backoff or Backoff(base=0.2, cap=5.0)
+        self._window = (0.0, 0, 0)  # (second it began, successes, timeouts) for the breaker
         self._client: Any = None
         self._connect_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -175,14 +183,34 @@ class RedisStore:
         if errors:
             self._failed(operation, errors[0])
             raise CacheUnavailable(str(errors[0]))
+        self._succeeded()
+        return results
+
+    def _count(self, *, ok: int = 0, timeouts: int = 0) -> tuple[int, int]:
+        """Add to this second's successes and timeouts; returns the totals."""
+        started, oks, slow = self._window
+        now = time.monotonic()
+        if now - started >= 1.0:
+            started, oks, slow = now, 0, 0
+        self._window = (started, oks + ok, slow + timeouts)
+        return oks + ok, slow + timeouts
+
+    def _succeeded(self) -> None:
+        self._count(ok=1)
         if self.backoff.failures:
             log.info("cache: redis is answering again")
             self.metrics.cache_available.set(1)
         self.backoff.succeeded()
-        return results
 
     def _failed(self, operation: str, exc: BaseException) -> None:
         self.metrics.cache_errors.labels(operation).inc()
+        if isinstance(exc, (TimeoutError, RedisTimeout)) and operation != "connect":
+            oks, timeouts = self._count(timeouts=1)
+            if timeouts < TIMEOUTS_TO_OPEN or timeouts <= oks:
+                log.debug(
+                    "cache: redis %s timed out; this call answered from the metastore", operation
+                )
+                return
         self.metrics.cache_available.set(0)  # at once; the readiness check confirms every 2 s
         first = self.backoff.failures == 0
         delay = self.backoff.failed()
@@ -241,8 +269,7 @@ class RedisStore:
                 sent = conn.send([commands[i] for i in indexes])
                 slots.update(zip(indexes, sent, strict=True))
             futures = [slots[i] for i in range(len(commands))]
-        async with asyncio.timeout(self.timeout):
-            return [await f for f in futures]
+        return await resp.replies_within(futures, self.timeout)
 
     # -- the Store interface ---------------------------------------------------------------
 
@@ -274,10 +301,7 @@ class RedisStore:
             else:
                 self._failed("get", errors[0])
             raise CacheUnavailable(text)
-        if self.backoff.failures:
-            log.info("cache: redis is answering again")
-            self.metrics.cache_available.set(1)
-        self.backoff.succeeded()
+        self._succeeded()
         got: Versions = {}
         now = time.time()
         for i, (key, names) in enumerate(order):

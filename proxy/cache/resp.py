@@ -120,6 +120,9 @@ class RespConnection(asyncio.Protocol):
             future = self._waiting.popleft()
             if not future.done():
                 future.set_exception(exc)
+                # A caller gathering several replies sees the first failure only; the rest
+                # would be logged as "never retrieved" when collected. Marked as seen here.
+                future.exception()
 
     def send(self, commands: Sequence[Command]) -> list[asyncio.Future[Any]]:
         if self.closed or self.transport is None or self.transport.is_closing():
@@ -141,6 +144,28 @@ class RespConnection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+
+async def replies_within(futures: Sequence[asyncio.Future[Any]], timeout: float) -> list[Any]:
+    """The replies, or TimeoutError for those not in after ``timeout`` seconds.
+
+    Not asyncio.timeout: when this process was not scheduled for a while (a busy machine),
+    the replies and the deadline come due in the same turn of the loop. The replies are read
+    first (I/O callbacks run before timers), so the deadline finds them in and passes; a
+    timeout would cancel the task all the same and blame Redis for our own lateness.
+    """
+
+    def expire() -> None:
+        for future in futures:
+            if not future.done():
+                future.set_exception(TimeoutError(f"redis did not answer in {timeout:g} s"))
+                future.exception()  # the caller raises the first; the rest are not "lost"
+
+    handle = asyncio.get_running_loop().call_later(timeout, expire)
+    try:
+        return [await f for f in futures]
+    finally:
+        handle.cancel()
 
 
 async def open_connection(kwargs: dict[str, Any], timeout: float) -> RespConnection:
