@@ -214,3 +214,29 @@ def test_callers_at_the_connection_limit_share_the_connections_that_come_back(
         t.join(120)
     assert not errors, errors[:3]
     assert proxy.metric("hmsproxy_upstream_connects_total", result="ok") - before <= 2
+
+
+def test_a_client_that_hangs_up_before_its_answer_costs_nothing(
+    hms: MetastoreServer, proxy_factory: ProxyFactory, sample: Sample
+) -> None:
+    """The metastore's answer then has nowhere to go: the proxy drops it with its metastore
+    connection (it may be half read), frees the slot, logs no internal error."""
+    import socket
+    import struct
+
+    slow = create_slow_table(hms.host, hms.port)
+    proxy = proxy_factory(
+        "--cache", "off", "--upstream-max-connections", "1", "--upstream-max-idle", "1"
+    )
+    request = idl.encode_call("get_table", 1, dbname=sample.db, tbl_name=slow)
+    for _ in range(2):
+        quitter = socket.create_connection(("127.0.0.1", proxy.port))
+        quitter.sendall(request)
+        time.sleep(0.5)  # the call is at the metastore, three seconds from its answer
+        quitter.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        quitter.close()  # reset: whatever the proxy writes now fails
+        time.sleep(3.5)
+    expected = _get_db(hms.port, sample.db)
+    assert _get_db(proxy.port, sample.db) == expected  # the one connection is free again
+    assert proxy.metric("hmsproxy_requests_total", method="get_table", outcome="client_gone") == 2
+    assert "internal error" not in proxy.log()
