@@ -21,6 +21,7 @@ until the time its Redis entry had left to live.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -158,7 +159,8 @@ class CacheEngine:
         self._l1 = _L1(l1_bytes) if store.compress else None
         self._plans: OrderedDict[tuple[str, bytes, bytes | None], ReadPlan | None] = OrderedDict()
         self._flights: dict[tuple[str, bytes], asyncio.Future[bytes | None]] = {}
-        self._pending: list[WritePlan] = []
+        # Invalidations Redis did not take yet, with the fence each lifts (if any).
+        self._pending: list[tuple[WritePlan, str | None]] = []
         self._dicts: OrderedDict[bytes, bytes] = OrderedDict()  # id -> dictionary
         self._table_dicts: OrderedDict[str, tuple[bytes, bytes]] = (
             OrderedDict()
@@ -503,10 +505,12 @@ class CacheEngine:
         intent = os.urandom(8).hex()
         keys = sorted({b.key for b in plan.bumps})
         self._forget_locally(plan)
-        try:
+        # A fence that failed is not known to be in place, nor known not to be (a timeout does
+        # not tell): the intent is kept all the same, so that end_write lifts it if it is,
+        # rather than leaving the table fenced, its reads all sent to the metastore, until
+        # the fence's deadline.
+        with contextlib.suppress(CacheUnavailable):
             await self.store.fence(keys, intent, self.write_fence, plan.bumps)
-        except CacheUnavailable:
-            return None  # end_write invalidates (or keeps it pending) all the same
         return intent
 
     async def end_write(self, plan: WritePlan, intent: str | None) -> bool:
@@ -515,13 +519,13 @@ class CacheEngine:
         if intent is None or plan.flush_all:
             return await self.invalidate(plan, "write")
         if self._pending:
-            self._pending.append(plan)
+            self._pending.append((plan, intent))
             return await self._apply_pending()
         try:
-            await self.store.unfence(sorted({b.key for b in plan.bumps}), intent, plan.bumps)
+            await self._apply(plan, intent)
         except CacheUnavailable:
             log.warning("cache: could not apply an invalidation; no cache hits until it is")
-            self._pending.append(plan)
+            self._pending.append((plan, intent))
             return False
         self._count(plan, "write")
         return True
@@ -532,13 +536,13 @@ class CacheEngine:
             return True
         self._forget_locally(plan)
         if self._pending:
-            self._pending.append(plan)
+            self._pending.append((plan, None))
             return await self._apply_pending()
         try:
             await self._apply(plan)
         except CacheUnavailable:
             log.warning("cache: could not apply an invalidation; no cache hits until it is")
-            self._pending.append(plan)
+            self._pending.append((plan, None))
             return False
         self._count(plan, reason)
         return True
@@ -549,19 +553,22 @@ class CacheEngine:
         for table in plan.tables:
             self._table_dicts.pop(table.tag, None)
 
-    async def _apply(self, plan: WritePlan) -> None:
+    async def _apply(self, plan: WritePlan, fence: str | None = None) -> None:
+        """The plan's invalidation; with ``fence``, that write's fence is lifted after it."""
         if plan.flush_all:
             await self.store.flush(self.naming.pattern)
-            return
-        await self.store.bump(plan.bumps)
+        elif fence is not None:
+            await self.store.unfence(sorted({b.key for b in plan.bumps}), fence, plan.bumps)
+        else:
+            await self.store.bump(plan.bumps)
 
     async def _apply_pending(self) -> bool:
         while self._pending:
             try:
-                await self._apply(self._pending[0])
+                await self._apply(*self._pending[0])
             except CacheUnavailable:
                 return False
-            self._count(self._pending.pop(0), "write")
+            self._count(self._pending.pop(0)[0], "write")
         log.info("cache: pending invalidations applied; serving hits again")
         return True
 

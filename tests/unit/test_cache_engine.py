@@ -145,3 +145,54 @@ def test_one_flight_per_key_and_versions() -> None:
         assert e.join("k", b"fp") is None
 
     asyncio.run(run())
+
+
+class LateFenceStore(MemoryStore):
+    """Fences recorded as Redis keeps them; the fence call's reply can come too late (the
+    fence is set, the caller sees a timeout), and unfencing can fail."""
+
+    def __init__(self) -> None:
+        super().__init__(1 << 20)
+        self.fences: set[str] = set()
+        self.fence_reply_late = False
+        self.down = False
+
+    async def fence(self, keys: Sequence[str], intent: str, seconds: float, bumps: Any) -> None:
+        self.fences.add(intent)
+        await super().fence(keys, intent, seconds, bumps)
+        if self.fence_reply_late:
+            raise CacheUnavailable("redis did not answer in 0.05 s")
+
+    async def unfence(self, keys: Sequence[str], intent: str, bumps: Any) -> None:
+        if self.down:
+            raise CacheUnavailable("down")
+        await super().unfence(keys, intent, bumps)
+        self.fences.discard(intent)
+
+
+def test_a_fence_whose_reply_came_late_is_lifted_after_the_write() -> None:
+    async def run() -> None:
+        store = LateFenceStore()
+        e = engine(store)
+        store.fence_reply_late = True
+        intent = await e.begin_write(ALTER)
+        assert store.fences  # Redis took it, though the proxy could not tell
+        assert await e.end_write(ALTER, intent)
+        assert not store.fences  # not left to its deadline
+
+    asyncio.run(run())
+
+
+def test_a_fence_that_could_not_be_lifted_is_lifted_with_the_pending_invalidation() -> None:
+    async def run() -> None:
+        store = LateFenceStore()
+        e = engine(store)
+        intent = await e.begin_write(ALTER)
+        store.down = True
+        assert not await e.end_write(ALTER, intent)  # pending: no hits meanwhile
+        assert (await e.lookup(GET_TABLE)).result is Result.BYPASS
+        store.down = False
+        assert (await e.lookup(GET_TABLE)).result is Result.MISS
+        assert not store.fences
+
+    asyncio.run(run())
