@@ -53,7 +53,10 @@ class ProxyProcess:
         )
         log.close()
         try:
-            wait_for_port(self.port, 30, alive=lambda: self.process.poll() is None)  # type: ignore[union-attr]
+            alive = lambda: self.process.poll() is None  # type: ignore[union-attr]  # noqa: E731
+            wait_for_port(self.port, 30, alive=alive)
+            if self.args.count("--admin-listen") == 1:  # ours: it opens after the Thrift port
+                wait_for_port(self.admin_port, 30, alive=alive)
         except Exception as exc:
             raise RuntimeError(f"proxy did not start: {exc}\n{self.log()}") from exc
         return self
