@@ -145,7 +145,7 @@ class UpstreamPool:
                     anonymous = self._take_idle(None)
                     if anonymous is not None:
                         return await self._bind(anonymous, identity)
-            if await self._reserve_slot(deadline):
+            if await self._reserve_slot(deadline, identity, fresh=fresh):
                 break
         try:
             conn = await self._connect()
@@ -237,12 +237,16 @@ class UpstreamPool:
         async with self._slots:
             self._slots.notify()
 
-    async def _reserve_slot(self, deadline: float) -> bool:
+    async def _reserve_slot(
+        self, deadline: float, identity: Identity | None, *, fresh: bool
+    ) -> bool:
         """Count a new connection against the limit (``True``), closing the oldest idle one
         if need be; or wait for a connection to come back (``False``: look at the idle ones
-        again, one may be of the caller's identity)."""
+        again, one may be of the caller's identity, unless it wants a ``fresh`` one)."""
         limit = self.options.upstream_max_connections
         async with self._slots:
+            if self._open >= limit and not fresh and self._usable_idle(identity):
+                return False  # one came back while this caller waited for the lock: take it
             if self._open >= limit and not self._idle_count:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -261,6 +265,12 @@ class UpstreamPool:
             self._open += 1
         self._update_gauges()
         return True
+
+    def _usable_idle(self, identity: Identity | None) -> bool:
+        """Whether an idle connection that ``identity`` would take exists."""
+        return bool(self._idle.get(identity)) or (
+            identity is not None and bool(self._idle.get(None))
+        )
 
     async def _free_slot(self) -> None:
         self._open -= 1
