@@ -19,21 +19,21 @@ from __future__ import annotations
 import struct
 from typing import Any, Final
 
+from proxy.wire.binary import FIXED_SIZE, MIN_SIZE, TType
 from proxy.wire.errors import ProtocolError
 
-# Wire type codes the decoder reads and skips correctly.
-_FIXED: Final[dict[int, int]] = {2: 1, 3: 1, 4: 8, 6: 2, 8: 4, 10: 8}  # bool byte double i16..
-_STRING: Final = 11
-_STRUCT: Final = 12
-_MAP: Final = 13
-_SET: Final = 14
-_LIST: Final = 15
-_KNOWN: Final = frozenset({*_FIXED, _STRING, _STRUCT, _MAP, _SET, _LIST})
+# Wire types as the scanner knows them, less the one the decoder does not (UUID, which it
+# "skips" as zero bytes).
+_FIXED: Final[dict[int, int]] = {int(t): n for t, n in FIXED_SIZE.items() if t != TType.UUID}
+_MIN_SIZE: Final[dict[int, int]] = {int(t): n for t, n in MIN_SIZE.items() if t != TType.UUID}
+_KNOWN: Final = frozenset(_MIN_SIZE)
+_STRING: Final = int(TType.STRING)
+_STRUCT: Final = int(TType.STRUCT)
+_MAP: Final = int(TType.MAP)
+_SET: Final = int(TType.SET)
+_LIST: Final = int(TType.LIST)
 # thriftpy2 spells the IDL's ``binary`` 18 in its specs; it is STRING on the wire.
 _SPEC_TO_WIRE: Final[dict[int, int]] = {18: _STRING}
-# Smallest encoding of one value of each wire type: bounds a container's count by the bytes
-# left before any element is walked.
-_MIN_SIZE: Final[dict[int, int]] = {**_FIXED, _STRING: 4, _STRUCT: 1, _MAP: 6, _SET: 5, _LIST: 5}
 MAX_DEPTH: Final = 64
 
 _i32 = struct.Struct(">i").unpack_from

@@ -82,7 +82,7 @@ FIXED_SIZE: Final[dict[int, int]] = {
 }
 # Smallest encoding of one value of each type, used to reject absurd container sizes before
 # any of their bytes arrive.
-_MIN_SIZE: Final[dict[int, int]] = {
+MIN_SIZE: Final[dict[int, int]] = {
     **FIXED_SIZE,
     TType.STRING: 4,
     TType.STRUCT: 1,
@@ -90,7 +90,7 @@ _MIN_SIZE: Final[dict[int, int]] = {
     TType.SET: 5,
     TType.LIST: 5,
 }
-_VALUE_TYPES: Final = frozenset(_MIN_SIZE)
+_VALUE_TYPES: Final = frozenset(MIN_SIZE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +308,7 @@ class PyStructScanner:
             if size == 0:
                 return pos  # Java writes a zero type for the element of some empty containers
             raise ProtocolError(f"unknown element type {t1 if t1 not in _VALUE_TYPES else t2}")
-        item = _MIN_SIZE[t1] + (_MIN_SIZE[t2] if kind == _IN_MAP else 0)
+        item = MIN_SIZE[t1] + (MIN_SIZE[t2] if kind == _IN_MAP else 0)
         if pos + size * item > self.limit:
             raise LimitExceeded(f"container of {size} items cannot fit the message size limit")
         if size == 0:
