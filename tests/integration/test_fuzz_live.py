@@ -342,26 +342,32 @@ def vm_hwm(proxy: ProxyProcess) -> int:
     raise RuntimeError("no VmHWM")
 
 
-@pytest.fixture
-def gated(
-    proxy_factory: ProxyFactory, hms: MetastoreServer, sample: Sample
+@contextlib.contextmanager
+def gated_proxy(
+    proxy_factory: ProxyFactory, hms: MetastoreServer, sample: Sample, *args: str
 ) -> Iterator[tuple[ProxyProcess, Gate, dict[bytes, bytes]]]:
+    """A proxy (``args`` added, follower off) whose metastore is behind a Gate that lets the
+    good calls through; with the metastore's own answers to those."""
     good = _good_calls(sample)
     answers = {_normalized(g): raw.call(hms.host, hms.port, g) for g in good}
     gate = Gate(hms, good).start()
     try:
         proxy = proxy_factory(
-            "--max-request-bytes",
-            "1MiB",
-            "--client-message-timeout",
-            "1",
-            "--notifications",
-            "off",
-            upstream=f"thrift://127.0.0.1:{gate.port}",
+            "--notifications", "off", *args, upstream=f"thrift://127.0.0.1:{gate.port}"
         )
         yield proxy, gate, answers
     finally:
         gate.stop()
+
+
+@pytest.fixture
+def gated(
+    proxy_factory: ProxyFactory, hms: MetastoreServer, sample: Sample
+) -> Iterator[tuple[ProxyProcess, Gate, dict[bytes, bytes]]]:
+    with gated_proxy(
+        proxy_factory, hms, sample, "--max-request-bytes", "1MiB", "--client-message-timeout", "1"
+    ) as gated:
+        yield gated
 
 
 def test_hostile_inputs_end_cleanly(
@@ -416,22 +422,9 @@ def one_connection(
     proxy_factory: ProxyFactory, hms: MetastoreServer, sample: Sample
 ) -> Iterator[tuple[ProxyProcess, dict[bytes, bytes]]]:
     """A gated proxy with a single metastore connection, which every client shares."""
-    good = _good_calls(sample)
-    answers = {_normalized(g): raw.call(hms.host, hms.port, g) for g in good}
-    gate = Gate(hms, good).start()
-    try:
-        proxy = proxy_factory(
-            "--notifications",
-            "off",
-            "--upstream-max-connections",
-            "1",
-            "--upstream-max-idle",
-            "1",
-            upstream=f"thrift://127.0.0.1:{gate.port}",
-        )
+    args = ("--upstream-max-connections", "1", "--upstream-max-idle", "1")
+    with gated_proxy(proxy_factory, hms, sample, *args) as (proxy, _, answers):
         yield proxy, answers
-    finally:
-        gate.stop()
 
 
 def test_a_oneway_typed_call_answers_nobody_else(
