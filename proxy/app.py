@@ -7,6 +7,7 @@ import contextlib
 import gc
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.admin.server import AdminServer
@@ -67,6 +68,8 @@ class Proxy:
         follower = None
         if cache is not None and options.notifications != "off":
             follower = NotificationFollower(options, cache, pool, metrics)
+        if cache is not None:
+            cache.serve_iceberg = iceberg_policy(options, follower)
         proxy = cls(
             options,
             metrics,
@@ -109,6 +112,8 @@ class Proxy:
             await self.admin.check()
         if self.follower is not None:
             self.follower.start()
+        if self.cache is not None:
+            self.cache.locks.start()
         tune_garbage_collector()
         log.info(
             "hms-cache-proxy listening on %s (metrics on %s, admin on %s), metastore %s",
@@ -124,6 +129,8 @@ class Proxy:
         if self.follower is not None:
             await self.follower.stop()
         await self.thrift.stop(self.options.drain_timeout)
+        if self.cache is not None:
+            await self.cache.locks.stop()
         if self.admin is not None:
             await self.admin.stop()
         await self.pool.close()
@@ -142,6 +149,15 @@ def ttls_of(options: Options) -> Ttls:
         functions=options.ttl_functions,
         negative=options.ttl_negative,
     )
+
+
+def iceberg_policy(options: Options, follower: NotificationFollower | None) -> Callable[[], bool]:
+    """Whether Iceberg table objects may be served from the cache now."""
+    if options.cache_iceberg_tables == "on":
+        return lambda: True
+    if options.cache_iceberg_tables == "off" or follower is None:
+        return lambda: False
+    return lambda: follower.following
 
 
 def status_facts(options: Options, cache: CacheEngine | None) -> dict[str, object]:
@@ -168,6 +184,7 @@ def build_cache(
             version_ttl=max(ttls.longest, options.ttl_listings) * 2 + 60,
             metrics=metrics,
             mode=options.redis_mode,
+            fence_ttl=max(options.write_fence_seconds, options.lock_fence_seconds),
         )
     else:
         store = MemoryStore(options.memory_cache_bytes)
@@ -181,6 +198,7 @@ def build_cache(
         l1_bytes=options.memory_cache_bytes,
         max_entry_bytes=options.cache_max_entry_bytes,
         write_fence=options.write_fence_seconds,
+        lock_fence=options.lock_fence_seconds,
         stale_window=options.stale_if_error,
         activity=activity,
     )

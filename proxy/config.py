@@ -475,6 +475,31 @@ class Options:
         "caches what the write changes until then",
         metavar="SECONDS",
     )
+    lock_fence_seconds: float = _opt(
+        300.0,
+        parse_non_negative_seconds,
+        "while an HMS lock on a table is held or waited for, reads of the table's object go "
+        "to the metastore (Iceberg's commit check); a fence whose unlock never comes ends "
+        "after this long: at least the metastore's hive.txn.timeout (300 s by default). "
+        "0: no fences (unsafe for Iceberg and other lock-based writers)",
+        metavar="SECONDS",
+    )
+    cache_iceberg_tables: str = _opt(
+        "auto",
+        choice("auto", "on", "off"),
+        "serve Iceberg table objects (table_type=ICEBERG) from the cache: auto: while the "
+        "notification log is followed (a commit made elsewhere is then seen within a poll); "
+        "on: always (within the TTL without the log); off: never",
+        metavar="auto|on|off",
+    )
+    iceberg_expected_location: str = _opt(
+        "on",
+        choice("on", "off"),
+        "add expected_parameter_key=metadata_location (HIVE-26882) to an Iceberg commit that "
+        "lacks it, so that the metastore refuses a commit on a stale base instead of "
+        "replacing another writer's commit",
+        metavar="on|off",
+    )
     stale_if_error: float = _opt(
         0.0,
         parse_non_negative_seconds,

@@ -4,8 +4,10 @@ Every ``--notification-poll`` the follower asks the metastore for events after t
 it applied and invalidates what each one touches (``proxy.cache.events``). Of all proxies
 sharing a store exactly one follows: it holds a lease in the store, renewed on every poll;
 when it dies the lease expires and another proxy takes over where the last applied event
-id (also in the store) says. Events are applied before that id moves, so a takeover can
-apply an event twice (harmless: an invalidation) but never skips one.
+id (also in the store) says. Events are applied before that id moves, and it never moves
+past an event whose invalidation the store did not take (a Redis timeout stops the batch
+there; the next poll starts again from it), so a takeover can apply an event twice
+(harmless: an invalidation) but never skips one.
 
 A gap in the log (events purged before they were applied, ids that jump backwards after a
 metastore reset) cannot be replayed, so the cache is flushed and following resumes at the
@@ -45,6 +47,7 @@ class LogUnavailable(Exception):
 class FollowerState:
     leader: bool = False
     enabled: bool = True
+    active: bool = True  # False once writes went by and the log did not move
     last_applied: int | None = None
     head: int | None = None
 
@@ -74,6 +77,12 @@ class NotificationFollower:
                 await self.poll()
         except (TimeoutError, UpstreamError, CacheUnavailable, LogUnavailable) as exc:
             log.info("notification follower: first poll deferred (%s)", exc or type(exc).__name__)
+
+    @property
+    def following(self) -> bool:
+        """Whether writes that bypass the proxy are seen within a poll (the log is followed,
+        by this proxy or by the one holding the lease, and it moves with writes)."""
+        return self.state.enabled and self.state.active
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run())
@@ -159,10 +168,13 @@ class NotificationFollower:
                 missing_to = events[0].event_id - 1 if events else head
                 await self._resync(f"events {last + 1}..{missing_to} are gone from the log", head)
                 return
+            stuck = False
             for event in events:
                 if event.event_id <= last:
                     continue
-                await self._apply(event)
+                if not await self._apply(event):
+                    stuck = True  # the position must not pass an event not invalidated
+                    break
                 last = event.event_id
             if not await store.set_if_leader(
                 self.last_key, str(last).encode(), self.lease_key, self.token
@@ -171,6 +183,11 @@ class NotificationFollower:
                 return
             self.state.last_applied = last
             self._lag(head, last, events)
+            if stuck:
+                raise CacheUnavailable(
+                    f"the invalidation of event {last + 1} did not reach the store; "
+                    "following resumes there"
+                )
         self.state.last_applied = last
         self._lag(head, last, [])
         self._check_log_is_written(head)
@@ -180,12 +197,15 @@ class NotificationFollower:
         self._last_success = time.time()
         self.metrics.notification_last_poll.set(self._last_success)
 
-    async def _apply(self, event: Event) -> None:
+    async def _apply(self, event: Event) -> bool:
+        """Invalidate what ``event`` changed; ``False`` if the store did not take it (this
+        proxy then serves no hits until it does, and the event is applied again)."""
         plan = invalidation_for(event, self.engine.planner)
+        if plan is not None and not await self.engine.invalidate(plan, "notification"):
+            return False
         kind = event.event_type.upper()
         self.metrics.notification_events.labels(kind if kind in KNOWN else "other").inc()
-        if plan is not None:
-            await self.engine.invalidate(plan, "notification")
+        return True
 
     async def _resync(self, reason: str, head: int, *, quiet: bool = False) -> None:
         (log.info if quiet else log.warning)(
@@ -213,6 +233,7 @@ class NotificationFollower:
         if self._writes_at_head is None or self._writes_at_head[0] != head:
             self._writes_at_head = (head, time.monotonic())
             self._writes_seen = writes
+            self.state.active = True
             self.metrics.notification_active.set(1)
             return
         if writes > self._writes_seen and time.monotonic() - self._writes_at_head[1] > 30:
@@ -221,6 +242,7 @@ class NotificationFollower:
                 "is DbNotificationListener configured on the metastore? Until it is, writes "
                 "that bypass the proxy are seen within the TTLs only"
             )
+            self.state.active = False
             self.metrics.notification_active.set(0)
             self._writes_seen = writes
 

@@ -26,7 +26,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from proxy import catalog, idl
+from proxy import catalog, iceberg, idl
+from proxy.cache import locks
 from proxy.cache import partitions as parts
 from proxy.cache.engine import CacheEngine, Result
 from proxy.cache.plan import FLUSH, ReadPlan
@@ -166,6 +167,8 @@ class CallHandler:
                 outcome = await self._pinned_call(session, message, client)
             elif spec is not None and spec.kind is Kind.CACHEABLE_READ and self.cache is not None:
                 outcome, source = await self._cached_read(session, message, client, spec)
+            elif self.cache is not None and header.name in locks.LOCK_METHODS:
+                outcome = await self._locking(session, message, client)
             elif self.cache is not None and (spec is None or spec.kind is Kind.WRITE):
                 outcome = await self._write(session, message, client, spec)
             else:
@@ -372,14 +375,50 @@ class CallHandler:
             plan = await self.cache.expand(plan, lambda db: self._list_tables(session, db))
         if spec is None:
             log.warning("unknown method %s may change metadata: the cache is flushed", header.name)
+        request = self._guarded_commit(message) if spec is not None else None
         intent = await self.cache.begin_write(plan)
         try:
-            reply = await self._call(session, message, client, hold=True, oneway=oneway)
+            reply = await self._call(
+                session, message, client, hold=True, oneway=oneway, request=request
+            )
         finally:
             # Success or not, the HMS may have changed: invalidate before anyone is answered.
             await self.cache.end_write(plan, intent)
         if isinstance(reply, str):
             return reply
+        await client.send(client.transport.frame(reply.data))
+        return result_outcome(reply.header.type, reply.body[:3])
+
+    def _guarded_commit(self, message: Message) -> bytes | None:
+        """An Iceberg commit with the metastore's own check of its base added (see
+        :mod:`proxy.iceberg`), or ``None`` to forward the call as it came."""
+        h = message.header
+        if h.name not in iceberg.GUARDED or self.options.iceberg_expected_location != "on":
+            return None
+        try:
+            args = idl.decode_args(h.name, message.body)
+        except ProtocolError:
+            return None
+        body = iceberg.guarded_commit(h.name, args, message.body)
+        if body is None:
+            return None
+        log.debug("%s: the metastore checks the base of this Iceberg commit", h.name)
+        return encode_header(h.name, h.type, h.seqid) + body
+
+    # -- locks -----------------------------------------------------------------------------
+
+    async def _locking(self, session: SessionState, message: Message, client: ClientChannel) -> str:
+        """``lock`` and the calls that keep or end it, forwarded untouched: a ``lock`` first
+        fences what it names, the replies of all of them settle fences afterwards (see
+        :mod:`proxy.cache.locks`)."""
+        assert self.cache is not None
+        fences = self.cache.locks
+        name = message.header.name
+        ticket = await fences.before_lock(message.body) if name == "lock" else None
+        reply = await self._call(session, message, client, hold=True)
+        if isinstance(reply, str):  # no answer: the fence holds until its deadline
+            return reply
+        fences.after(name, message.body, ticket, reply)  # runs while the reply goes out
         await client.send(client.transport.frame(reply.data))
         return result_outcome(reply.header.type, reply.body[:3])
 

@@ -49,6 +49,7 @@ INVALIDATION_SCOPES = tuple(s.name.lower() for s in catalog.Scope if s.name)
 INVALIDATION_REASONS = ("write", "notification", "admin", "ttl")
 LISTING_RESULTS = ("hit", "miss", "open")
 LISTING_SOURCES = ("cache", "storage")
+LOCK_FENCE_EVENTS = ("opened", "closed", "expired")
 CLIENT_ERRORS = ("protocol", "too_large", "timeout", "idle", "bad_message_type", "connection_limit")
 
 
@@ -244,6 +245,23 @@ class Metrics:
             "Gaps found in the notification log (each answered with a flush)",
             registry=r,
         )
+        self.lock_fences = _Children(
+            Counter(
+                "hmsproxy_lock_fences",
+                "Fences of HMS locks (reads of what a lock names go to the metastore while it "
+                "is held or waited for): opened by this proxy's lock calls, closed by this "
+                "proxy (unlock, end of the lock's transaction, a refused lock, an alter or "
+                "drop after the grant), or expired (a fence this proxy opened reached "
+                "--lock-fence-seconds without being closed anywhere)",
+                ["event"],
+                registry=r,
+            )
+        )
+        self.lock_fences_active = Gauge(
+            "hmsproxy_lock_fences_active",
+            "Fences this proxy opened for HMS locks that are still in place",
+            registry=r,
+        )
         self.client_connections = Gauge(
             "hmsproxy_client_connections", "Open client connections", registry=r
         )
@@ -322,6 +340,8 @@ class Metrics:
             self.upstream_connects.labels(result)
         for reason in CLIENT_ERRORS:
             self.client_errors.labels(reason)
+        for event in LOCK_FENCE_EVENTS:
+            self.lock_fences.labels(event)
         for result in LISTING_RESULTS:
             self.listing_lookups.labels(result)
         for source in LISTING_SOURCES:

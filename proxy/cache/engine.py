@@ -30,11 +30,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from proxy import idl
+from proxy import iceberg, idl
 from proxy.cache import entry as codec
+from proxy.cache import locks
+from proxy.cache.fences import LockFences
 from proxy.cache.keys import EPOCH, TableRef, partition_field
 from proxy.cache.plan import Bump, PartitionPlan, Planner, ReadPlan, VersionRef, WritePlan
-from proxy.cache.store import FENCED, CacheUnavailable, Store
+from proxy.cache.store import FENCED, CacheUnavailable, Store, Versions
 from proxy.catalog import MethodSpec
 from proxy.metrics import Metrics
 from proxy.status import Activity
@@ -64,6 +66,14 @@ class PartitionLookup:
     result: Result
     known: dict[tuple[str, ...], bytes | None] = field(default_factory=dict)  # None: absent
     versions: dict[str, bytes | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteIntent:
+    """A write in progress: its fence id, and the granted lock fences it ends."""
+
+    id: str
+    ends: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(slots=True)
@@ -116,6 +126,19 @@ class _L1:
         return len(self._items)
 
 
+def fenced(refs: Sequence[VersionRef], versions: Versions) -> bool:
+    """Whether a write fences any hash ``refs`` read, or a lock fences a field they read."""
+    for key, fields in versions.items():
+        if FENCED in fields:
+            return True
+        locked = fields.get(locks.LOCKED)
+        if locked:
+            covered = set(locked.decode().split(","))
+            if any(r.key == key and r.field in covered for r in refs):
+                return True
+    return False
+
+
 def _group(refs: Sequence[VersionRef]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for ref in refs:
@@ -144,8 +167,10 @@ class CacheEngine:
         l1_bytes: int,
         max_entry_bytes: int,
         write_fence: float = 60.0,
+        lock_fence: float = 300.0,
         stale_window: float = 0.0,
         activity: Activity | None = None,
+        serve_iceberg: Callable[[], bool] = lambda: True,
     ) -> None:
         self.store = store
         self.planner = planner
@@ -155,12 +180,16 @@ class CacheEngine:
         self.write_fence = write_fence
         self.stale_window = stale_window
         self.activity = activity
+        # Whether Iceberg table objects may be served from the cache now (--cache-iceberg-
+        # tables; in auto, while the notification log is followed).
+        self.serve_iceberg = serve_iceberg
+        self.locks = LockFences(store, self.naming, metrics, lock_fence, self._defer)
         self.writes = 0  # invalidations for writes through this proxy (the follower watches)
         self._l1 = _L1(l1_bytes) if store.compress else None
         self._plans: OrderedDict[tuple[str, bytes, bytes | None], ReadPlan | None] = OrderedDict()
         self._flights: dict[tuple[str, bytes], asyncio.Future[bytes | None]] = {}
         # Invalidations Redis did not take yet, with the fence each lifts (if any).
-        self._pending: list[tuple[WritePlan, str | None]] = []
+        self._pending: list[tuple[WritePlan, WriteIntent | None]] = []
         self._dicts: OrderedDict[bytes, bytes] = OrderedDict()  # id -> dictionary
         self._table_dicts: OrderedDict[str, tuple[bytes, bytes]] = (
             OrderedDict()
@@ -208,8 +237,8 @@ class CacheEngine:
         except CacheUnavailable:
             return Lookup(Result.BYPASS)
         values = [versions[r.key][r.field] for r in plan.refs]
-        if any(FENCED in versions[k] for k in groups):
-            return Lookup(Result.BYPASS)  # a write is under way: neither serve nor fill
+        if fenced(plan.refs, versions):
+            return Lookup(Result.BYPASS)  # a write or a lock is under way: neither serve nor fill
         if any(versions[k].get(EPOCH) is None for k in groups):
             return Lookup(Result.MISS, values=values)
         fp = codec.fingerprint(values)
@@ -238,7 +267,7 @@ class CacheEngine:
             versions, found = await self.store.lookup(_group(plan.refs), [plan.key])
         except CacheUnavailable:
             return None
-        if any(FENCED in v for v in versions.values()):
+        if fenced(plan.refs, versions):
             return None
         value = found.get(plan.key)
         if value is None:
@@ -252,8 +281,9 @@ class CacheEngine:
             return None
         return entry.payload
 
-    @staticmethod
-    def _hit(entry: codec.Entry) -> Lookup:
+    def _hit(self, entry: codec.Entry) -> Lookup:
+        if entry.iceberg and not self.serve_iceberg():
+            return Lookup(Result.BYPASS)
         return Lookup(Result.NEGATIVE_HIT if entry.negative else Result.HIT, entry.payload)
 
     async def fill_fingerprint(self, plan: ReadPlan, miss: Lookup) -> bytes | None:
@@ -277,6 +307,8 @@ class CacheEngine:
             return None
         failure = _exception_name(plan.method, reply.body)
         if failure is None:
+            if iceberg.reply_has_iceberg_table(plan.method, reply.body):
+                return (codec.ICEBERG, plan.ttl) if self.serve_iceberg() else None
             return 0, plan.ttl
         if failure == "NoSuchObjectException" and plan.negative_ttl:
             return codec.NEGATIVE, plan.negative_ttl
@@ -335,7 +367,7 @@ class CacheEngine:
         except CacheUnavailable:
             return PartitionLookup(Result.BYPASS)
         current = versions[key]
-        if FENCED in current:
+        if fenced([VersionRef(key, f) for f in fields], versions):
             return PartitionLookup(Result.BYPASS)
         out = PartitionLookup(Result.MISS, versions=current)
         if current.get(EPOCH) is None:
@@ -492,28 +524,32 @@ class CacheEngine:
                 bumps.append(Bump(self.naming.versions(tag), EPOCH, "table"))
         return WritePlan(tuple(bumps), plan.databases_dropped, plan.flush_all, plan.tables)
 
-    async def begin_write(self, plan: WritePlan) -> str | None:
+    async def begin_write(self, plan: WritePlan) -> WriteIntent | None:
         """Before a write is forwarded: fence what it changes, and invalidate it already.
 
         The fence (a deadline on each version hash it changes) stops every proxy from filling
         or serving those scopes until the write is done; the early bump kills what was filled
         before. So if this proxy dies before :meth:`end_write`, nobody serves pre-write data:
-        not before the deadline (fenced), not after it (bumped). Returns the intent id.
+        not before the deadline (fenced), not after it (bumped). An alter or drop of a table
+        also ends the fences of granted locks on it (see :mod:`proxy.cache.locks`): the ones
+        found now are lifted by :meth:`end_write`.
         """
         if plan.empty or plan.flush_all or self.write_fence <= 0:
             return None
         intent = os.urandom(8).hex()
-        keys = sorted({b.key for b in plan.bumps})
+        keys = sorted({b.key for b in plan.bumps} | set(plan.ends_locks))
         self._forget_locally(plan)
         # A fence that failed is not known to be in place, nor known not to be (a timeout does
         # not tell): the intent is kept all the same, so that end_write lifts it if it is,
         # rather than leaving the table fenced, its reads all sent to the metastore, until
         # the fence's deadline.
+        granted: dict[str, list[str]] = {}
         with contextlib.suppress(CacheUnavailable):
-            await self.store.fence(keys, intent, self.write_fence, plan.bumps)
-        return intent
+            granted = await self.store.fence(keys, intent, self.write_fence, plan.bumps)
+        ends = tuple((key, name) for key in plan.ends_locks for name in granted.get(key, ()))
+        return WriteIntent(intent, ends)
 
-    async def end_write(self, plan: WritePlan, intent: str | None) -> bool:
+    async def end_write(self, plan: WritePlan, intent: WriteIntent | None) -> bool:
         """After the write: invalidate again (for fills made before the fence was seen),
         then lift the fence."""
         if intent is None or plan.flush_all:
@@ -528,7 +564,13 @@ class CacheEngine:
             self._pending.append((plan, intent))
             return False
         self._count(plan, "write")
+        self._count_lock_ends(intent)
         return True
+
+    def _count_lock_ends(self, intent: WriteIntent | None) -> None:
+        ended = {n.split(":")[1] for _, n in intent.ends} if intent is not None else set()
+        if ended:
+            self.metrics.lock_fences.labels("closed").inc(len(ended))
 
     async def invalidate(self, plan: WritePlan, reason: str) -> bool:
         """Apply ``plan`` now, or keep it pending (and bypass the cache) until possible."""
@@ -536,16 +578,24 @@ class CacheEngine:
             return True
         self._forget_locally(plan)
         if self._pending:
-            self._pending.append((plan, None))
+            self._keep_pending(plan, None)
             return await self._apply_pending()
         try:
             await self._apply(plan)
         except CacheUnavailable:
             log.warning("cache: could not apply an invalidation; no cache hits until it is")
-            self._pending.append((plan, None))
+            self._keep_pending(plan, None)
             return False
         self._count(plan, reason)
         return True
+
+    def _defer(self, bumps: tuple[Bump, ...]) -> None:
+        """An invalidation the store did not take: pending, so this proxy serves no hits."""
+        self._keep_pending(WritePlan(bumps), None)
+
+    def _keep_pending(self, plan: WritePlan, intent: WriteIntent | None) -> None:
+        if not any(p == plan and i == intent for p, i in self._pending):  # once is enough
+            self._pending.append((plan, intent))
 
     def _forget_locally(self, plan: WritePlan) -> None:
         if plan.flush_all and self._l1 is not None:
@@ -553,12 +603,13 @@ class CacheEngine:
         for table in plan.tables:
             self._table_dicts.pop(table.tag, None)
 
-    async def _apply(self, plan: WritePlan, fence: str | None = None) -> None:
+    async def _apply(self, plan: WritePlan, fence: WriteIntent | None = None) -> None:
         """The plan's invalidation; with ``fence``, that write's fence is lifted after it."""
         if plan.flush_all:
             await self.store.flush(self.naming.pattern)
         elif fence is not None:
-            await self.store.unfence(sorted({b.key for b in plan.bumps}), fence, plan.bumps)
+            keys = sorted({b.key for b in plan.bumps} | set(plan.ends_locks))
+            await self.store.unfence(keys, fence.id, plan.bumps, fence.ends)
         else:
             await self.store.bump(plan.bumps)
 
@@ -568,7 +619,9 @@ class CacheEngine:
                 await self._apply(*self._pending[0])
             except CacheUnavailable:
                 return False
-            self._count(self._pending.pop(0)[0], "write")
+            plan, intent = self._pending.pop(0)
+            self._count(plan, "write")
+            self._count_lock_ends(intent)
         log.info("cache: pending invalidations applied; serving hits again")
         return True
 

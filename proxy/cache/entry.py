@@ -26,6 +26,8 @@ NEGATIVE = 1  # a cached NoSuchObjectException
 COMPRESSED = 2
 DICTIONARY = 4
 ABSENT = 8  # a partition the HMS does not have
+ICEBERG = 16  # holds an Iceberg table object (served only while --cache-iceberg-tables allows)
+_KEPT = NEGATIVE | ABSENT | ICEBERG  # flags that describe the reply, not its encoding
 HEADER = 22
 _EXPIRES = struct.Struct(">I")
 DICT_ID = 8
@@ -66,6 +68,10 @@ class Entry:
     def absent(self) -> bool:
         return bool(self.flags & ABSENT)
 
+    @property
+    def iceberg(self) -> bool:
+        return bool(self.flags & ICEBERG)
+
 
 def encode(
     fp: bytes,
@@ -77,7 +83,7 @@ def encode(
     dictionary: tuple[bytes, bytes] | None = None,
 ) -> bytes:
     """``dictionary``: (id, bytes) to compress against."""
-    flags &= NEGATIVE | ABSENT
+    flags &= _KEPT
     expires = _EXPIRES.pack(int(time.time() + ttl))
     head = b""
     if compress and len(payload) > COMPRESS_ABOVE:
@@ -127,7 +133,7 @@ def decode(value: bytes, zdict: bytes | None = None) -> Entry:
             body = zlib.decompress(body, -15)
     except zlib.error as exc:
         raise EntryError(str(exc)) from exc
-    return Entry(fp, flags & (NEGATIVE | ABSENT), body, float(expires))
+    return Entry(fp, flags & _KEPT, body, float(expires))
 
 
 def new_dictionary(sample: bytes) -> tuple[bytes, bytes]:

@@ -13,7 +13,7 @@ everything. When in doubt, miss.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy import catalog
@@ -119,6 +119,9 @@ class WritePlan:
     databases_dropped: tuple[DatabaseRef, ...] = ()  # every table of these, too
     flush_all: bool = False
     tables: tuple[TableRef, ...] = field(default=())  # for listings (sealed partitions)
+    # Version keys whose granted lock fences this write ends (an alter or drop of the table:
+    # see proxy.cache.locks).
+    ends_locks: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -349,7 +352,11 @@ class Planner:
                 if table not in old_tables:
                     inv.rename(old_tables, table)
         inv.catalog_wide(scope | (Scope.TABLE if spec.renamed_to else Scope.NONE))
-        return inv.build()
+        built = inv.build()
+        if spec.name.startswith(("alter_table", "drop_table")) and not built.flush_all:
+            ends = tuple(dict.fromkeys(self.naming.versions(t.tag) for t in built.tables))
+            built = replace(built, ends_locks=ends)
+        return built
 
 
 class Invalidation:

@@ -29,7 +29,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
-from proxy.cache import resp
+from proxy.cache import locks, resp
 from proxy.cache.keys import COORDINATION, EPOCH
 from proxy.cache.plan import Bump
 from proxy.cache.store import FENCED, CacheUnavailable, Found, Versions, new_epoch
@@ -45,9 +45,25 @@ Op = tuple[str, tuple[Any, ...], dict[str, Any]]
 CONNECT_BUDGET = 5.0
 
 
+FENCE_SUFFIX = ":f"
+
+
 def fence_key(versions_key: str) -> str:
-    """The write fences of a version hash: same hash tag, so same slot."""
-    return versions_key + ":f"
+    """The write and lock fences of a version hash: same hash tag, so same slot."""
+    return versions_key + FENCE_SUFFIX
+
+
+def _fields(flat: list[Any] | None) -> dict[str, float]:
+    """An HGETALL reply of a fence hash: field name -> deadline (unreadable ones: none)."""
+    out: dict[str, float] = {}
+    items = flat or []
+    for name, value in zip(items[::2], items[1::2], strict=False):
+        try:
+            key = name.decode() if isinstance(name, bytes) else str(name)
+            out[key] = float(value)
+        except (ValueError, UnicodeDecodeError):
+            continue
+    return out
 
 
 def op(name: str, *args: Any, **kwargs: Any) -> Op:
@@ -69,10 +85,14 @@ class RedisStore:
         metrics: Metrics,
         mode: str = "auto",
         backoff: Backoff | None = None,
+        fence_ttl: float = 300.0,
     ) -> None:
         self.url = url
         self.timeout = timeout
         self.version_ttl = int(version_ttl)
+        # Every fence hash lives at least this long: as long as the longest fence it can
+        # hold (write or lock), so that setting one never cuts another's life short.
+        self.fence_ttl = fence_ttl
         self.metrics = metrics
         self.mode = mode
         self.backoff = backoff or Backoff(base=0.2, cap=5.0)
@@ -280,9 +300,9 @@ class RedisStore:
             raise CacheUnavailable("redis backing off after errors")
         order = list(versions.items())
         commands: list[resp.Command] = [("HMGET", key, *names) for key, names in order]
-        # The write fences, read after the versions: a fill under versions a write already
-        # bumped is then sure to see the fence that write set first.
-        commands += [("HVALS", fence_key(key)) for key, _ in order]
+        # The fences, read after the versions: a fill under versions a write or a lock
+        # already bumped is then sure to see the fence it set first.
+        commands += [("HGETALL", fence_key(key)) for key, _ in order]
         if entries:  # the entries of one plan share its hash tag: one MGET works on a cluster
             commands.append(("MGET", *entries))
         try:
@@ -306,8 +326,13 @@ class RedisStore:
         now = time.time()
         for i, (key, names) in enumerate(order):
             got[key] = dict(zip(names, results[i], strict=True))
-            if any(float(deadline) > now for deadline in results[len(order) + i] or ()):
-                got[key][FENCED] = b"1"
+            fences = results[len(order) + i]
+            if fences:
+                state = locks.read_fences(_fields(fences), now)
+                if state.write:
+                    got[key][FENCED] = b"1"
+                if state.locked:
+                    got[key][locks.LOCKED] = ",".join(sorted(state.locked)).encode()
         found: Found = dict(zip(entries, results[2 * len(order)] if entries else [], strict=True))
         return got, found
 
@@ -328,7 +353,7 @@ class RedisStore:
             ops.append(op("expire", key, self.version_ttl))
         await self._run("set", ops)
 
-    async def bump(self, bumps: Sequence[Bump]) -> None:
+    def _bump_ops(self, bumps: Sequence[Bump]) -> list[Op]:
         ops: list[Op] = []
         for b in bumps:
             if b.field == EPOCH:
@@ -336,8 +361,14 @@ class RedisStore:
             else:
                 ops.append(op("hincrby", b.key, b.field, 1))
             ops.append(op("expire", b.key, self.version_ttl))
+        return ops
+
+    def _fence_life_ms(self, seconds: float) -> int:
+        return int(max(self.fence_ttl, seconds) * 1000) + 1000
+
+    async def bump(self, bumps: Sequence[Bump]) -> None:
         try:
-            await self._run("version", ops)
+            await self._run("version", self._bump_ops(bumps))
         except CacheUnavailable:
             # Out of memory refuses HINCRBY but allows DEL: drop the hashes instead.
             if not self.backoff.ready():
@@ -370,19 +401,70 @@ class RedisStore:
 
     async def fence(
         self, keys: Sequence[str], intent: str, seconds: float, bumps: Sequence[Bump]
-    ) -> None:
-        """Fences first, then the bumps (see lookup for why the order matters)."""
+    ) -> dict[str, list[str]]:
+        """Fences first, then the bumps (see lookup for why the order matters), in one
+        pipeline: Redis runs one connection's commands in order, and on a cluster a version
+        hash and its fences share a slot. Also reads the fences already there, for the
+        fences of granted locks that this write (an alter or a drop) ends."""
         deadline = str(time.time() + seconds)
         ops: list[Op] = []
         for key in keys:
             ops.append(op("hset", fence_key(key), intent, deadline))
-            ops.append(op("pexpire", fence_key(key), int(seconds * 1000) + 1000))
-        await self._run("version", ops)
-        await self.bump(bumps)
+            ops.append(op("pexpire", fence_key(key), self._fence_life_ms(seconds)))
+            ops.append(op("hgetall", fence_key(key)))
+        results = await self._run("version", ops + self._bump_ops(bumps))
+        out: dict[str, list[str]] = {}
+        for i, key in enumerate(keys):
+            found = results[i * 3 + 2] or {}
+            names = [n.decode() if isinstance(n, bytes) else str(n) for n in found]
+            granted = locks.granted_fence_fields(names)
+            if granted:
+                out[key] = granted
+        return out
 
-    async def unfence(self, keys: Sequence[str], intent: str, bumps: Sequence[Bump]) -> None:
+    async def unfence(
+        self,
+        keys: Sequence[str],
+        intent: str,
+        bumps: Sequence[Bump],
+        also: Sequence[tuple[str, str]] = (),
+    ) -> None:
         await self.bump(bumps)
-        await self._run("version", [op("hdel", fence_key(key), intent) for key in keys])
+        ops = [op("hdel", fence_key(key), intent) for key in keys]
+        ops += [op("hdel", fence_key(key), name) for key, name in also]
+        await self._run("version", ops)
+
+    async def mark(
+        self, items: Sequence[tuple[str, str]], deadline: float, bumps: Sequence[Bump] = ()
+    ) -> None:
+        """Lock fences first, then the bumps, in one pipeline (as :meth:`fence`)."""
+        life = self._fence_life_ms(deadline - time.time())
+        ops: list[Op] = []
+        for key, name in items:
+            ops.append(op("hset", fence_key(key), name, str(deadline)))
+            ops.append(op("pexpire", fence_key(key), life))
+        await self._run("version", ops + self._bump_ops(bumps))
+
+    async def unmark(self, items: Sequence[tuple[str, str]]) -> int:
+        if not items:
+            return 0
+        results = await self._run("version", [op("hdel", fence_key(k), n) for k, n in items])
+        return sum(int(r) for r in results)
+
+    async def marks(self, keys: Sequence[str]) -> dict[str, dict[str, float]]:
+        results = await self._run("get", [op("hgetall", fence_key(k)) for k in keys])
+        out: dict[str, dict[str, float]] = {}
+        for key, found in zip(keys, results, strict=True):
+            fields = _fields([x for pair in (found or {}).items() for x in pair])
+            if fields:
+                out[key] = fields
+        return out
+
+    async def put(self, key: str, value: bytes, ttl: float) -> None:
+        await self._run("set", [op("set", key, value, px=max(1, int(ttl * 1000)))])
+
+    async def delete(self, key: str) -> None:
+        await self._run("delete", [op("delete", key)])
 
     async def get(self, key: str) -> bytes | None:
         value: bytes | None = (await self._run("get", [op("get", key)]))[0]
@@ -398,7 +480,9 @@ class RedisStore:
             async with asyncio.timeout(max(self.timeout, 30.0)):
                 batch: list[bytes] = []
                 async for key in client.scan_iter(match=pattern, count=1000):
-                    if COORDINATION.encode() in key:
+                    # Coordination (the follower's place, lock records) and fences survive:
+                    # a fence protects a write or a lock in progress, not cached data.
+                    if COORDINATION.encode() in key or key.endswith(b":v" + FENCE_SUFFIX.encode()):
                         continue
                     batch.append(key)
                     if len(batch) >= 500:

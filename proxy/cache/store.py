@@ -10,7 +10,9 @@ The engine needs six operations; each is one round trip to Redis (see ``redis_st
 * ``get``/``add``: small side values (compression dictionaries);
 * ``flush``: forget everything;
 * ``lease``/``set_if_leader``: one notification follower among the proxies sharing a store;
-* ``fence``/``unfence``: mark tables as being written (crash safety, see the engine).
+* ``fence``/``unfence``: mark tables as being written (crash safety, see the engine);
+* ``mark``/``unmark``/``marks``: fence fields of HMS locks (``proxy.cache.locks``);
+* ``put``/``delete``: small side values with a TTL (what a lock id fenced).
 
 Stores raise :class:`CacheUnavailable` when they cannot answer; the engine then answers from
 the metastore (fail open).
@@ -24,6 +26,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from proxy.cache import locks
 from proxy.cache.keys import EPOCH
 from proxy.cache.plan import Bump
 
@@ -75,11 +78,35 @@ class Store(Protocol):
 
     async def fence(
         self, keys: Sequence[str], intent: str, seconds: float, bumps: Sequence[Bump]
-    ) -> None:
-        """Mark the version hashes ``keys`` as being written (then apply ``bumps``)."""
+    ) -> dict[str, list[str]]:
+        """Mark the version hashes ``keys`` as being written (then apply ``bumps``), in one
+        round trip; returns the fence fields of granted locks found on each key."""
 
-    async def unfence(self, keys: Sequence[str], intent: str, bumps: Sequence[Bump]) -> None:
-        """Apply ``bumps``, then lift the marks of ``intent``."""
+    async def unfence(
+        self,
+        keys: Sequence[str],
+        intent: str,
+        bumps: Sequence[Bump],
+        also: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """Apply ``bumps``, then lift the marks of ``intent`` (and the fence fields ``also``)."""
+
+    async def mark(
+        self, items: Sequence[tuple[str, str]], deadline: float, bumps: Sequence[Bump] = ()
+    ) -> None:
+        """Set fence fields (version key, field name) to ``deadline`` (Unix seconds), then
+        apply ``bumps``: one round trip."""
+
+    async def unmark(self, items: Sequence[tuple[str, str]]) -> int:
+        """Remove fence fields; returns how many were there."""
+
+    async def marks(self, keys: Sequence[str]) -> dict[str, dict[str, float]]:
+        """Every fence field of ``keys``, with its deadline."""
+
+    async def put(self, key: str, value: bytes, ttl: float) -> None:
+        """Set a side value for ``ttl`` seconds."""
+
+    async def delete(self, key: str) -> None: ...
 
     async def connect(self, wait: float) -> bool: ...
 
@@ -104,6 +131,7 @@ class MemoryStore:
         self._versions: OrderedDict[str, dict[str, bytes | None]] = OrderedDict()
         self._entries: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
         self._side: dict[str, bytes] = {}  # small coordination values (last event id)
+        self._marks: dict[str, dict[str, float]] = {}  # lock fences, by version key
         self._bytes = 0
 
     @property
@@ -124,6 +152,9 @@ class MemoryStore:
             if fields is not None:
                 self._versions.move_to_end(key)
             got[key] = {n: (fields or {}).get(n) for n in names}
+            marks = self._marks.get(key)
+            if marks:
+                _note_fences(got[key], marks)
         values: Found = {}
         for key in entries:
             item = self._entries.get(key)
@@ -186,6 +217,13 @@ class MemoryStore:
             return self._side[key]
         return (await self.lookup({}, [key]))[1][key]
 
+    async def put(self, key: str, value: bytes, ttl: float) -> None:
+        await self.save([(key, value, ttl)], [])
+
+    async def delete(self, key: str) -> None:
+        self._side.pop(key, None)
+        self._drop(key)
+
     async def add(self, key: str, value: bytes, ttl: float) -> None:
         if key not in self._entries:
             await self.save([(key, value, ttl)], [])
@@ -209,11 +247,45 @@ class MemoryStore:
 
     async def fence(
         self, keys: Sequence[str], intent: str, seconds: float, bumps: Sequence[Bump]
-    ) -> None:
-        await self.bump(bumps)  # a crash takes this cache with it: nothing to fence
+    ) -> dict[str, list[str]]:
+        await self.bump(bumps)  # a crash takes this cache with it: no write fence needed
+        return {
+            key: locks.granted_fence_fields(self._marks[key]) for key in keys if key in self._marks
+        }
 
-    async def unfence(self, keys: Sequence[str], intent: str, bumps: Sequence[Bump]) -> None:
+    async def unfence(
+        self,
+        keys: Sequence[str],
+        intent: str,
+        bumps: Sequence[Bump],
+        also: Sequence[tuple[str, str]] = (),
+    ) -> None:
         await self.bump(bumps)
+        await self.unmark(also)
+
+    async def mark(
+        self, items: Sequence[tuple[str, str]], deadline: float, bumps: Sequence[Bump] = ()
+    ) -> None:
+        now = time.time()
+        for key, name in items:
+            marks = self._marks.setdefault(key, {})
+            for old in [n for n, d in marks.items() if d <= now]:  # expired: tidy up
+                del marks[old]
+            marks[name] = deadline
+        await self.bump(bumps)
+
+    async def unmark(self, items: Sequence[tuple[str, str]]) -> int:
+        removed = 0
+        for key, name in items:
+            marks = self._marks.get(key)
+            if marks is not None:
+                removed += marks.pop(name, None) is not None
+                if not marks:
+                    del self._marks[key]
+        return removed
+
+    async def marks(self, keys: Sequence[str]) -> dict[str, dict[str, float]]:
+        return {key: dict(self._marks[key]) for key in keys if key in self._marks}
 
     async def connect(self, wait: float) -> bool:
         return True
@@ -223,3 +295,12 @@ class MemoryStore:
 
     async def close(self) -> None:
         return None
+
+
+def _note_fences(versions: dict[str, bytes | None], marks: Mapping[str, float]) -> None:
+    """Add the FENCED and LOCKED pseudo-fields a look-up reports for a hash's fence fields."""
+    state = locks.read_fences(marks, time.time())
+    if state.write:
+        versions[FENCED] = b"1"
+    if state.locked:
+        versions[locks.LOCKED] = ",".join(sorted(state.locked)).encode()

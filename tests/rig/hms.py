@@ -33,8 +33,15 @@ class MetastoreServer:
         port: int | None = None,
         keystore: Path | None = None,
         keystore_password: str = "",
+        locks: bool = False,
+        txn_timeout: float = 300.0,
     ) -> None:
         self.workdir = workdir
+        # A metastore that can grant locks (Iceberg's commits need one): DBCP, which 2.3's
+        # TxnHandler can use (it knows BoneCP, which the pyspark jars lack, and DBCP; not
+        # HikariCP), and the transaction tables (tests/rig/java/TxnTables.java).
+        self.locks = locks
+        self.txn_timeout = txn_timeout  # hive.txn.timeout: a lock not heartbeated dies after it
         self.framed = framed
         self.keystore = keystore  # a PKCS#12 keystore: the metastore speaks TLS
         self.keystore_password = keystore_password
@@ -56,6 +63,14 @@ class MetastoreServer:
                 "hive.metastore.keystore.path": str(self.keystore),
                 "hive.metastore.keystore.password": self.keystore_password,
             }
+        locking = {}
+        listeners = "hmsproxy.rig.NotificationLog"
+        if self.locks:
+            listeners = "hmsproxy.rig.TxnTables," + listeners
+            locking = {
+                "datanucleus.connectionPoolingType": "DBCP",
+                "hive.txn.timeout": f"{self.txn_timeout:g}s",
+            }
         return tls | {
             "javax.jdo.option.ConnectionURL": (
                 f"jdbc:derby:;databaseName={self.workdir / 'metastore_db'};create=true"
@@ -69,7 +84,7 @@ class MetastoreServer:
             "datanucleus.connectionPoolingType": "HikariCP",
             "hive.metastore.pre.event.listeners": "hmsproxy.rig.CallerLog",
             # The rig's own stand-in for DbNotificationListener (not in the pyspark jars).
-            "hive.metastore.event.listeners": "hmsproxy.rig.NotificationLog",
+            "hive.metastore.event.listeners": listeners,
             "hmsproxy.rig.caller.log": str(self.caller_log),
             # No hadoop-aws in the pyspark jars: a stand-in lets tables live on s3:// and
             # s3a:// (see ObjectStoreStub.java; the proxy lists the real objects itself).
@@ -78,7 +93,7 @@ class MetastoreServer:
             "fs.s3.impl.disable.cache": "true",
             "fs.s3a.impl.disable.cache": "true",
             # Partition-level column statistics are on in Hive by default; keep the default.
-        }
+        } | locking
 
     def start(self, timeout: float = 180) -> None:
         conf = self.workdir / "conf"

@@ -157,16 +157,21 @@ class LateFenceStore(MemoryStore):
         self.fence_reply_late = False
         self.down = False
 
-    async def fence(self, keys: Sequence[str], intent: str, seconds: float, bumps: Any) -> None:
+    async def fence(
+        self, keys: Sequence[str], intent: str, seconds: float, bumps: Any
+    ) -> dict[str, list[str]]:
         self.fences.add(intent)
-        await super().fence(keys, intent, seconds, bumps)
+        granted = await super().fence(keys, intent, seconds, bumps)
         if self.fence_reply_late:
             raise CacheUnavailable("redis did not answer in 0.05 s")
+        return granted
 
-    async def unfence(self, keys: Sequence[str], intent: str, bumps: Any) -> None:
+    async def unfence(
+        self, keys: Sequence[str], intent: str, bumps: Any, also: Any = ()
+    ) -> None:
         if self.down:
             raise CacheUnavailable("down")
-        await super().unfence(keys, intent, bumps)
+        await super().unfence(keys, intent, bumps, also)
         self.fences.discard(intent)
 
 

@@ -1,0 +1,337 @@
+"""Lock fences at run time: opened before a ``lock`` is forwarded, ended by what follows it.
+
+The rules and the stored form are in :mod:`proxy.cache.locks`; this is the part that talks
+to the store. The costs: the ``lock`` call waits for one store round trip (the fence and the
+invalidation, one pipeline) before it is forwarded; everything else (recording the lock id,
+marking it granted, ending the fence at ``unlock``, extending it at ``check_lock`` and
+``heartbeat``) happens after the client has its reply, off its clock, so those calls cost
+nothing. That is safe because a fence that ends late only sends a few more reads to the
+metastore, and the record of a lock id is written while the ``lock`` reply is on its way:
+before the client can even ask for the read the fence protects, let alone ``unlock``.
+
+If the store cannot take a fence (Redis down or slow), the lock goes ahead all the same
+(fail open) and its invalidation stays pending in this proxy, which then serves no hits
+until it is applied. Other proxies that still reach Redis cannot be fenced by this one;
+against that split the metastore's own check (``proxy.iceberg``) refuses a stale commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from proxy import idl
+from proxy.cache import locks
+from proxy.cache.keys import Naming
+from proxy.cache.locks import LockPlan, LockRecord
+from proxy.cache.plan import Bump
+from proxy.cache.store import CacheUnavailable, Store
+from proxy.metrics import Metrics
+from proxy.wire.binary import MessageType
+from proxy.wire.errors import ProtocolError
+from proxy.wire.framing import Message
+
+log = logging.getLogger(__name__)
+
+# Locks and fences this proxy keeps track of in memory, at most (a client can take any
+# number of locks; the fences in the store expire by themselves, whatever is forgotten here).
+MAX_TRACKED = 10_000
+SWEEP_SECONDS = 5.0
+
+
+@dataclass(slots=True)
+class Ticket:
+    """A fence this proxy opened, until it is seen closed or expired."""
+
+    record: LockRecord
+    deadline: float
+    lockid: int | None = None
+
+
+class LockFences:
+    def __init__(
+        self,
+        store: Store,
+        naming: Naming,
+        metrics: Metrics,
+        seconds: float,
+        unapplied: Callable[[tuple[Bump, ...]], None],
+    ) -> None:
+        self.store = store
+        self.naming = naming
+        self.metrics = metrics
+        self.seconds = seconds
+        self._unapplied = unapplied  # an invalidation the store did not take: keep it pending
+        self._opened: OrderedDict[str, Ticket] = OrderedDict()  # fence id -> ticket
+        self._known: OrderedDict[int, LockRecord] = OrderedDict()  # lock id -> its fences
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.seconds > 0
+
+    # -- before the lock -------------------------------------------------------------------
+
+    async def before_lock(self, body: bytes) -> Ticket | None:
+        """Fence and invalidate what a ``lock`` request names; ``None`` if it names nothing
+        (or cannot be read: the metastore will refuse it)."""
+        if not self.enabled:
+            return None
+        try:
+            plan = locks.plan(idl.decode_args("lock", body), self.naming)
+        except ProtocolError:
+            return None
+        if plan is None:
+            return None
+        ticket = Ticket(LockRecord(os.urandom(8).hex(), plan.fences, plan.txnid), self._deadline())
+        try:
+            await self.store.mark(self._items(ticket.record), ticket.deadline, plan.bumps)
+        except CacheUnavailable as exc:
+            log.warning(
+                "cache: could not fence the tables of a lock (%s); this proxy serves no hits "
+                "until redis takes their invalidation",
+                exc or "timeout",
+            )
+            self._unapplied(plan.bumps)
+        self._track(ticket)
+        self.metrics.lock_fences.labels("opened").inc()
+        return ticket
+
+    # -- after the reply -------------------------------------------------------------------
+
+    def after(self, method: str, body: bytes, ticket: Ticket | None, reply: Message) -> None:
+        """What the metastore answered ``method``: settle fences, off the caller's clock."""
+        if not self.enabled:
+            return
+        task = asyncio.get_running_loop().create_task(self._after(method, body, ticket, reply))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _after(self, method: str, body: bytes, ticket: Ticket | None, reply: Message) -> None:
+        try:
+            if method == "lock":
+                if ticket is not None:
+                    await self._locked(ticket, reply)
+                return
+            try:
+                request = idl.decode_args(method, body)
+            except ProtocolError:
+                return
+            lock_ids, txn_ids = locks.lock_ids_of(method, request)
+            if method == "check_lock":
+                answer = locks.read_lock_reply(method, reply.header.type, reply.body)
+                for lockid in lock_ids:
+                    await self._checked(lockid, answer, reply)
+            elif method in ("unlock", "heartbeat"):
+                if reply.header.type != MessageType.REPLY:
+                    return  # the metastore failed: the lock's state is unknown, keep it
+                if method == "unlock" and _declared(reply, "unlock", "o2"):
+                    return  # TxnOpenException: a transaction's lock, still held
+                alive = method == "heartbeat" and not _declared(reply, method)
+                for txnid in txn_ids:  # a transaction's heartbeat keeps all its locks
+                    lock_ids += _ints(await self.store.get(locks.txn_key(self.naming, txnid)))
+                for lockid in dict.fromkeys(lock_ids):
+                    if alive:
+                        await self._extend(lockid, granted=False)
+                    else:  # unlocked, or the lock is gone (NoSuchLock, TxnAborted)
+                        await self._end(lockid)
+            elif reply.header.type == MessageType.REPLY:  # commit/abort: the txn's locks go
+                for txnid in txn_ids:
+                    await self._end_transaction(txnid)
+        except CacheUnavailable as exc:
+            log.debug(
+                "cache: lock bookkeeping after %s failed (%s); the fences end at their deadline",
+                method,
+                exc or "timeout",
+            )
+        except Exception:
+            log.exception("cache: lock bookkeeping after %s failed", method)
+
+    async def _locked(self, ticket: Ticket, reply: Message) -> None:
+        answer = locks.read_lock_reply("lock", reply.header.type, reply.body)
+        if answer.lockid is None or answer.state not in (locks.ACQUIRED, locks.WAITING):
+            await self._lift(ticket.record)  # refused: no lock, nothing to protect
+            return
+        ticket.lockid = answer.lockid
+        self._remember(answer.lockid, ticket.record)
+        await self.store.put(
+            locks.lock_key(self.naming, answer.lockid), ticket.record.encode(), self._life()
+        )
+        if ticket.record.txnid is not None:
+            await self._add_to_transaction(ticket.record.txnid, answer.lockid)
+        if answer.state == locks.ACQUIRED:
+            await self._grant(ticket.record)
+
+    async def _checked(self, lockid: int, answer: locks.LockAnswer, reply: Message) -> None:
+        if answer.state == locks.ACQUIRED:
+            await self._extend(lockid, granted=True)
+        elif answer.state == locks.WAITING:
+            await self._extend(lockid, granted=False)
+        elif reply.header.type == MessageType.REPLY:  # ABORT, NOT_ACQUIRED, NoSuchLock...
+            await self._end(lockid)
+
+    # -- the store side --------------------------------------------------------------------
+
+    async def _record(self, lockid: int) -> LockRecord | None:
+        known = self._known.get(lockid)
+        if known is not None:
+            return known
+        raw = await self.store.get(locks.lock_key(self.naming, lockid))
+        return LockRecord.decode(raw) if raw else None
+
+    async def _grant(self, record: LockRecord) -> None:
+        await self.store.mark(locks.granted_items(record.fence_id, record.fences), self._deadline())
+
+    async def _extend(self, lockid: int, *, granted: bool) -> None:
+        record = await self._record(lockid)
+        if record is None:
+            return
+        items = self._items(record)
+        if granted:
+            items += locks.granted_items(record.fence_id, record.fences)
+        deadline = self._deadline()
+        await self.store.mark(items, deadline)
+        ticket = self._opened.get(record.fence_id)
+        if ticket is not None:
+            ticket.deadline = deadline
+
+    async def _end(self, lockid: int) -> None:
+        record = await self._record(lockid)
+        self._known.pop(lockid, None)
+        if record is not None:
+            await self._lift(record)
+        await self.store.delete(locks.lock_key(self.naming, lockid))
+
+    async def _lift(self, record: LockRecord) -> None:
+        removed = await self.store.unmark(
+            self._items(record) + locks.granted_items(record.fence_id, record.fences)
+        )
+        if removed:  # not already ended (by an alter of the table, or another proxy)
+            self.metrics.lock_fences.labels("closed").inc()
+        self._opened.pop(record.fence_id, None)
+        self._gauge()
+
+    async def _add_to_transaction(self, txnid: int, lockid: int) -> None:
+        key = locks.txn_key(self.naming, txnid)
+        raw = await self.store.get(key)
+        ids = [*_ints(raw), lockid]
+        await self.store.put(key, ",".join(map(str, dict.fromkeys(ids))).encode(), self._life())
+
+    async def _end_transaction(self, txnid: int) -> None:
+        key = locks.txn_key(self.naming, txnid)
+        raw = await self.store.get(key)
+        for lockid in _ints(raw):
+            await self._end(lockid)
+        if raw:
+            await self.store.delete(key)
+
+    # -- bookkeeping in this process -------------------------------------------------------
+
+    def _items(self, record: LockRecord) -> list[tuple[str, str]]:
+        return locks.fence_items(record.fence_id, record.fences)
+
+    def _deadline(self) -> float:
+        return time.time() + self.seconds
+
+    def _life(self) -> float:
+        return self.seconds + 60
+
+    def _track(self, ticket: Ticket) -> None:
+        self._opened[ticket.record.fence_id] = ticket
+        while len(self._opened) > MAX_TRACKED:
+            self._opened.popitem(last=False)
+        self._gauge()
+
+    def _remember(self, lockid: int, record: LockRecord) -> None:
+        self._known[lockid] = record
+        while len(self._known) > MAX_TRACKED:
+            self._known.popitem(last=False)
+
+    def _gauge(self) -> None:
+        self.metrics.lock_fences_active.set(len(self._opened))
+
+    # -- expiry ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.enabled and self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+
+    async def stop(self) -> None:
+        for task in [self._sweeper, *self._tasks]:
+            if task is not None:
+                task.cancel()
+        for task in [self._sweeper, *self._tasks]:
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._sweeper = None
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            try:
+                await self.sweep()
+            except CacheUnavailable:
+                continue
+            except Exception:
+                log.exception("cache: checking lock fences failed")
+
+    async def sweep(self) -> None:
+        """Forget fences closed anywhere; count and remove those past their deadline."""
+        if not self._opened:
+            return
+        tickets = list(self._opened.values())
+        keys = sorted({f.key for t in tickets for f in t.record.fences})
+        found = await self.store.marks(keys)
+        now = time.time()
+        expired: list[tuple[str, str]] = []
+        for ticket in tickets:
+            items = self._items(ticket.record)
+            deadlines = [found.get(key, {}).get(name) for key, name in items]
+            live = [d for d in deadlines if d is not None]
+            if not live:  # closed, here or by another proxy
+                self._opened.pop(ticket.record.fence_id, None)
+            elif max(live) <= now:
+                expired += items + locks.granted_items(ticket.record.fence_id, ticket.record.fences)
+                self._opened.pop(ticket.record.fence_id, None)
+                if ticket.lockid is not None:
+                    self._known.pop(ticket.lockid, None)
+                self.metrics.lock_fences.labels("expired").inc()
+                log.info(
+                    "cache: a lock fence reached its deadline (%g s) without an unlock",
+                    self.seconds,
+                )
+        if expired:
+            await self.store.unmark(expired)
+        self._gauge()
+
+
+def _ints(raw: bytes | None) -> list[int]:
+    out = []
+    for part in (raw or b"").split(b","):
+        with contextlib.suppress(ValueError):
+            out.append(int(part))
+    return out
+
+
+def _declared(reply: Message, method: str, name: str | None = None) -> bool:
+    """Whether ``reply`` carries a declared exception (``name``: that one)."""
+    if reply.header.type != MessageType.REPLY:
+        return False
+    try:
+        result = idl.decode_result(method, reply.body)
+    except ProtocolError:
+        return False
+    fields = [s[1] for s in type(result).thrift_spec.values() if s[1] != "success"]
+    names = [name] if name is not None else fields
+    return any(getattr(result, n, None) is not None for n in names)
+
+
+__all__ = ["LockFences", "LockPlan", "Ticket"]
