@@ -47,6 +47,33 @@ def proxy_factory(tmp_path: Path, hms: MetastoreServer) -> Iterator[ProxyFactory
         proc.stop()
 
 
+@pytest.fixture(scope="session")
+def lock_hms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetastoreServer]:
+    """A metastore that can grant locks, as Iceberg's commits need (the session's ``hms``
+    cannot: see MetastoreServer). A lock not heartbeated dies after 5 s here (Hive: 300 s)."""
+    server = MetastoreServer(tmp_path_factory.mktemp("lock-hms"), locks=True, txn_timeout=5)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def lock_proxy_factory(tmp_path: Path, lock_hms: MetastoreServer) -> Iterator[ProxyFactory]:
+    """Proxies in front of ``lock_hms``."""
+    started: list[ProxyProcess] = []
+
+    def make(*args: str, env: dict[str, str] | None = None) -> ProxyProcess:
+        proc = ProxyProcess(tmp_path, lock_hms.uri, *args, env=env).start()
+        started.append(proc)
+        return proc
+
+    yield make
+    for proc in started:
+        proc.stop()
+
+
 @pytest.fixture
 def proxy(proxy_factory: ProxyFactory) -> ProxyProcess:
     return proxy_factory()

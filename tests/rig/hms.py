@@ -70,30 +70,42 @@ class MetastoreServer:
             locking = {
                 "datanucleus.connectionPoolingType": "DBCP",
                 "hive.txn.timeout": f"{self.txn_timeout:g}s",
+                # Locks not heartbeated for hive.txn.timeout are reaped by the housekeeper,
+                # which 2.3 starts only with the compactor's initiator and an ACID
+                # transaction manager; reap every second.
+                "hive.compactor.initiator.on": "true",
+                "hive.txn.manager": "org.apache.hadoop.hive.ql.lockmgr.DbTxnManager",
+                "hive.support.concurrency": "true",
+                "hive.timedout.txn.reaper.start": "1s",
+                "hive.timedout.txn.reaper.interval": "1s",
             }
-        return tls | {
-            "javax.jdo.option.ConnectionURL": (
-                f"jdbc:derby:;databaseName={self.workdir / 'metastore_db'};create=true"
-            ),
-            "javax.jdo.option.ConnectionDriverName": "org.apache.derby.jdbc.EmbeddedDriver",
-            "datanucleus.schema.autoCreateAll": "true",
-            "hive.metastore.schema.verification": "false",
-            "hive.metastore.warehouse.dir": self.warehouse.as_uri(),
-            "hive.metastore.thrift.framed.transport.enabled": str(self.framed).lower(),
-            # 2.3 defaults to BoneCP, which the pyspark jars lack; HikariCP is there.
-            "datanucleus.connectionPoolingType": "HikariCP",
-            "hive.metastore.pre.event.listeners": "hmsproxy.rig.CallerLog",
-            # The rig's own stand-in for DbNotificationListener (not in the pyspark jars).
-            "hive.metastore.event.listeners": listeners,
-            "hmsproxy.rig.caller.log": str(self.caller_log),
-            # No hadoop-aws in the pyspark jars: a stand-in lets tables live on s3:// and
-            # s3a:// (see ObjectStoreStub.java; the proxy lists the real objects itself).
-            "fs.s3.impl": "hmsproxy.rig.ObjectStoreStub",
-            "fs.s3a.impl": "hmsproxy.rig.ObjectStoreStub",
-            "fs.s3.impl.disable.cache": "true",
-            "fs.s3a.impl.disable.cache": "true",
-            # Partition-level column statistics are on in Hive by default; keep the default.
-        } | locking
+        return (
+            tls
+            | {
+                "javax.jdo.option.ConnectionURL": (
+                    f"jdbc:derby:;databaseName={self.workdir / 'metastore_db'};create=true"
+                ),
+                "javax.jdo.option.ConnectionDriverName": "org.apache.derby.jdbc.EmbeddedDriver",
+                "datanucleus.schema.autoCreateAll": "true",
+                "hive.metastore.schema.verification": "false",
+                "hive.metastore.warehouse.dir": self.warehouse.as_uri(),
+                "hive.metastore.thrift.framed.transport.enabled": str(self.framed).lower(),
+                # 2.3 defaults to BoneCP, which the pyspark jars lack; HikariCP is there.
+                "datanucleus.connectionPoolingType": "HikariCP",
+                "hive.metastore.pre.event.listeners": "hmsproxy.rig.CallerLog",
+                # The rig's own stand-in for DbNotificationListener (not in the pyspark jars).
+                "hive.metastore.event.listeners": listeners,
+                "hmsproxy.rig.caller.log": str(self.caller_log),
+                # No hadoop-aws in the pyspark jars: a stand-in lets tables live on s3:// and
+                # s3a:// (see ObjectStoreStub.java; the proxy lists the real objects itself).
+                "fs.s3.impl": "hmsproxy.rig.ObjectStoreStub",
+                "fs.s3a.impl": "hmsproxy.rig.ObjectStoreStub",
+                "fs.s3.impl.disable.cache": "true",
+                "fs.s3a.impl.disable.cache": "true",
+                # Partition-level column statistics are on in Hive by default; keep the default.
+            }
+            | locking
+        )
 
     def start(self, timeout: float = 180) -> None:
         conf = self.workdir / "conf"
