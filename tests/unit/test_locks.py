@@ -1,0 +1,383 @@
+"""Lock fences and Iceberg commits, in process: the pure rules, then the engine on the embedded
+store with scripted metastore replies (the real-server tests are tests/integration/test_locks.py
+and test_iceberg.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from proxy import iceberg, idl
+from proxy.cache import locks
+from proxy.cache.engine import CacheEngine, Result
+from proxy.cache.keys import DatabaseRef, TableRef
+from proxy.cache.locks import Fence, LockRecord
+from proxy.cache.plan import Bump
+from proxy.cache.store import MemoryStore
+from proxy.metrics import Metrics
+from proxy.wire.binary import MessageType, TType
+from proxy.wire.fields import field_spans
+from tests.unit.test_cache_core import NAMING, PLANNER, read_plan, write_plan
+from tests.unit.test_cache_engine import GET_TABLE, TABLE, fill, reply
+
+M = idl.module()
+T_KEY = NAMING.versions(TableRef.of("db", "t").tag)
+D_KEY = NAMING.versions(DatabaseRef.of("db").tag)
+
+
+def lock_args(*components: Any, txnid: int | None = None) -> Any:
+    return idl.args_class("lock")(rqst=M.LockRequest(list(components), txnid, "u", "h", "agent"))
+
+
+def component(db: str = "db", table: str | None = "t", partition: str | None = None) -> Any:
+    level = 3 if partition else 2 if table else 1
+    return M.LockComponent(3, level, db, table, partition, 3)
+
+
+# -- what a lock fences -------------------------------------------------------------------
+
+
+def test_a_table_or_partition_component_fences_the_table_object() -> None:
+    for comp in (component(), component(partition="ds=1"), component("DB", "T")):
+        plan = locks.plan(lock_args(comp, txnid=7), NAMING)
+        assert plan is not None
+        assert plan.fences == (Fence(T_KEY, "table"),)
+        assert plan.bumps == (Bump(T_KEY, "table", "table"),)
+        assert plan.txnid == 7
+
+
+def test_a_database_component_fences_the_database_and_its_table_lists() -> None:
+    plan = locks.plan(lock_args(component(table=None), component()), NAMING)
+    assert plan is not None
+    assert set(plan.fences) == {Fence(D_KEY, "db"), Fence(T_KEY, "table")}
+    assert plan.txnid is None
+
+
+def test_a_lock_naming_nothing_fences_nothing() -> None:
+    assert locks.plan(lock_args(), NAMING) is None
+    assert locks.plan(idl.args_class("lock")(), NAMING) is None
+
+
+def test_fence_fields_read_back() -> None:
+    fields = {"L:abc:table": 100.0, "G:abc": 100.0, "L:old:table": 1.0, "0123ab": 100.0}
+    state = locks.read_fences(fields, now=50.0)
+    assert state.locked == {"table"} and state.write
+    state = locks.read_fences({"L:abc:db": 100.0, "G:abc": 100.0}, now=50.0)
+    assert state.locked == {"db"} and not state.write
+    assert not locks.read_fences({"L:abc:table": 10.0}, now=50.0).locked  # past its deadline
+
+
+def test_an_alter_ends_granted_fences_only() -> None:
+    names = ["L:a:table", "G:a", "L:b:table", "0123ab"]
+    assert sorted(locks.granted_fence_fields(names)) == ["G:a", "L:a:table"]
+
+
+def test_a_lock_record_round_trips() -> None:
+    record = LockRecord("f1", (Fence(T_KEY, "table"), Fence(D_KEY, "db")), 42)
+    assert LockRecord.decode(record.encode()) == record
+    assert LockRecord.decode(b"{not json") is None
+    assert LockRecord.decode(b'{"f": 1}') is None
+
+
+def test_lock_and_transaction_ids_of_requests() -> None:
+    def ids(method: str, **args: Any) -> tuple[list[int], list[int]]:
+        return locks.lock_ids_of(method, idl.args_class(method)(**args))
+
+    assert ids("check_lock", rqst=M.CheckLockRequest(lockid=5)) == ([5], [])
+    assert ids("unlock", rqst=M.UnlockRequest(lockid=6)) == ([6], [])
+    assert ids("heartbeat", ids=M.HeartbeatRequest(lockid=7, txnid=8)) == ([7], [8])
+    assert ids("commit_txn", rqst=M.CommitTxnRequest(txnid=9)) == ([], [9])
+    assert ids("abort_txns", rqst=M.AbortTxnsRequest(txn_ids=[1, 2])) == ([], [1, 2])
+
+
+def lock_reply(method: str, lockid: int, state: int) -> Any:
+    return reply(method, idl.result_class(method)(success=M.LockResponse(lockid, state)))
+
+
+def test_a_lock_reply_is_read() -> None:
+    answer = lock_reply("lock", 11, locks.WAITING)
+    got = locks.read_lock_reply("lock", answer.header.type, answer.body)
+    assert (got.lockid, got.state) == (11, locks.WAITING)
+    failed = reply("lock", idl.result_class("lock")(o1=M.NoSuchTxnException("gone")))
+    assert locks.read_lock_reply("lock", failed.header.type, failed.body).state is None
+    assert locks.read_lock_reply("lock", MessageType.EXCEPTION, b"").state is None
+
+
+# -- the engine and the fences, on the embedded store ---------------------------------------
+
+
+class CountingStore(MemoryStore):
+    """The embedded store, counting round trips (each awaited call would be one on Redis)."""
+
+    def __init__(self) -> None:
+        super().__init__(1 << 20)
+        self.calls: list[str] = []
+
+    async def mark(
+        self, items: Sequence[tuple[str, str]], deadline: float, bumps: Any = ()
+    ) -> None:
+        self.calls.append("mark")
+        await super().mark(items, deadline, bumps)
+
+
+def engine(seconds: float = 300.0) -> CacheEngine:
+    return CacheEngine(
+        CountingStore(), PLANNER, Metrics(), l1_bytes=1 << 20,
+        max_entry_bytes=1 << 20, lock_fence=seconds,
+    )  # fmt: skip
+
+
+def lock_body(*components: Any, txnid: int | None = None) -> bytes:
+    return bytes(idl.encode(lock_args(*components, txnid=txnid)))
+
+
+async def settle(
+    e: CacheEngine, method: str, request: Any, answer: Any, ticket: Any = None
+) -> None:
+    e.locks.after(method, bytes(idl.encode(request)), ticket, answer)
+    await asyncio.gather(*e.locks._tasks)
+
+
+def unlock_args(lockid: int) -> Any:
+    return idl.args_class("unlock")(rqst=M.UnlockRequest(lockid=lockid))
+
+
+VOID_UNLOCK = reply("unlock", idl.result_class("unlock")())
+PARTITIONS = read_plan("get_partitions_by_names", db_name="db", tbl_name="t", names=["ds=1"])
+
+
+def test_a_lock_fences_reads_of_the_table_object_until_unlock() -> None:
+    async def run() -> None:
+        e = engine()
+        await fill(e, TABLE)
+        ticket = await e.locks.before_lock(lock_body(component()))
+        assert ticket is not None
+        assert e.store.calls == ["mark"]  # type: ignore[attr-defined]  # one round trip
+        assert (await e.lookup(GET_TABLE)).result is Result.BYPASS
+        assert (await e.lookup_partitions(PARTITIONS)).result is not Result.BYPASS
+        await settle(e, "lock", lock_args(component()), lock_reply("lock", 1, 1), ticket)
+        assert (await e.lookup(GET_TABLE)).result is Result.BYPASS
+        await settle(e, "unlock", unlock_args(1), VOID_UNLOCK)
+        # Unfenced, and the entry filled before the lock is gone: the lock invalidated it.
+        assert (await e.lookup(GET_TABLE)).result is Result.MISS
+        await fill(e, TABLE)
+        assert (await e.lookup(GET_TABLE)).result is Result.HIT
+        assert e.metrics.lock_fences_active._value.get() == 0
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lock_reply("lock", 3, locks.NOT_ACQUIRED),
+        reply("lock", idl.result_class("lock")(o2=M.TxnAbortedException("aborted"))),
+    ],
+)
+def test_a_refused_lock_lifts_its_fence(answer: Any) -> None:
+    async def run() -> None:
+        e = engine()
+        ticket = await e.locks.before_lock(lock_body(component()))
+        await settle(e, "lock", lock_args(component()), answer, ticket)
+        look = await e.lookup(GET_TABLE)
+        assert look.result is Result.MISS
+
+    asyncio.run(run())
+
+
+ALTER = write_plan(
+    "alter_table", dbname="db", tbl_name="t", new_tbl=M.Table(tableName="t", dbName="db")
+)
+
+
+async def alter(e: CacheEngine) -> None:
+    intent = await e.begin_write(ALTER)
+    assert await e.end_write(ALTER, intent)
+
+
+def test_an_alter_ends_a_granted_lock_fence_and_not_a_waiting_one() -> None:
+    async def run() -> None:
+        e = engine()
+        waiting = await e.locks.before_lock(lock_body(component()))
+        await settle(
+            e, "lock", lock_args(component()), lock_reply("lock", 1, locks.WAITING), waiting
+        )
+        await alter(e)
+        assert (await e.lookup(GET_TABLE)).result is Result.BYPASS  # still waiting: fenced
+        check = idl.args_class("check_lock")(rqst=M.CheckLockRequest(lockid=1))
+        await settle(e, "check_lock", check, lock_reply("check_lock", 1, locks.ACQUIRED))
+        await alter(e)
+        assert (await e.lookup(GET_TABLE)).result is Result.MISS  # granted, then altered
+        assert e.metrics.lock_fences.labels("closed")._value.get() == 1
+
+    asyncio.run(run())
+
+
+def test_commit_or_abort_of_its_transaction_ends_a_lock_fence() -> None:
+    async def run() -> None:
+        e = engine()
+        ticket = await e.locks.before_lock(lock_body(component(), txnid=9))
+        answer = lock_reply("lock", 4, locks.ACQUIRED)
+        await settle(e, "lock", lock_args(component(), txnid=9), answer, ticket)
+        assert (await e.lookup(GET_TABLE)).result is Result.BYPASS
+        commit = idl.args_class("commit_txn")(rqst=M.CommitTxnRequest(txnid=9))
+        await settle(e, "commit_txn", commit, reply("commit_txn", idl.result_class("commit_txn")()))
+        assert (await e.lookup(GET_TABLE)).result is Result.MISS
+
+    asyncio.run(run())
+
+
+def test_an_unlock_through_another_proxy_ends_the_fence() -> None:
+    """The lock id's record is in the store: a proxy that never saw the lock ends it."""
+
+    async def run() -> None:
+        e = engine()
+        ticket = await e.locks.before_lock(lock_body(component()))
+        await settle(e, "lock", lock_args(component()), lock_reply("lock", 5, 1), ticket)
+        other = CacheEngine(
+            e.store, e.planner, Metrics(), l1_bytes=1 << 20, max_entry_bytes=1 << 20
+        )
+        await settle(other, "unlock", unlock_args(5), VOID_UNLOCK)
+        assert (await e.lookup(GET_TABLE)).result is Result.MISS
+        await e.locks.sweep()
+        assert e.metrics.lock_fences_active._value.get() == 0  # seen closed elsewhere
+
+    asyncio.run(run())
+
+
+def test_a_fence_with_no_end_expires_at_its_deadline() -> None:
+    async def run() -> None:
+        e = engine(seconds=0.05)
+        await e.locks.before_lock(lock_body(component()))
+        assert (await e.lookup(GET_TABLE)).result is Result.BYPASS
+        await asyncio.sleep(0.1)
+        assert (await e.lookup(GET_TABLE)).result is Result.MISS
+        await e.locks.sweep()
+        assert e.metrics.lock_fences.labels("expired")._value.get() == 1
+        assert e.metrics.lock_fences_active._value.get() == 0
+        assert not await e.store.marks([T_KEY])
+
+    asyncio.run(run())
+
+
+def test_fences_off_fence_nothing() -> None:
+    async def run() -> None:
+        e = engine(seconds=0)
+        await fill(e, TABLE)
+        assert await e.locks.before_lock(lock_body(component())) is None
+        assert (await e.lookup(GET_TABLE)).result is Result.HIT
+
+    asyncio.run(run())
+
+
+def test_a_flush_keeps_the_fences() -> None:
+    async def run() -> None:
+        e = engine()
+        await e.locks.before_lock(lock_body(component()))
+        await e.flush()
+        assert (await e.lookup(GET_TABLE)).result is Result.BYPASS
+
+    asyncio.run(run())
+
+
+# -- Iceberg --------------------------------------------------------------------------------
+
+ICEBERG_PARAMS = {
+    "table_type": "iceberg",
+    "metadata_location": "s3://b/t/metadata/00002.json",
+    "previous_metadata_location": "s3://b/t/metadata/00001.json",
+}
+
+
+def commit_args(params: dict[str, str], context: dict[str, str] | None) -> Any:
+    return idl.args_class("alter_table_with_environment_context")(
+        dbname="db",
+        tbl_name="t",
+        new_tbl=M.Table(tableName="t", dbName="db", parameters=params),
+        environment_context=M.EnvironmentContext(properties=context)
+        if context is not None
+        else None,
+    )
+
+
+def test_the_metastores_check_is_added_to_an_iceberg_commit_and_nothing_else_changes() -> None:
+    args = commit_args(ICEBERG_PARAMS, {"DO_NOT_UPDATE_STATS": "true"})
+    body = bytes(idl.encode(args))
+    # A field this proxy's IDL does not know, as a newer client might send: kept as it is.
+    unknown = bytes((TType.STRING,)) + (99).to_bytes(2, "big") + (3).to_bytes(4, "big") + b"new"
+    body = body[:-1] + unknown + body[-1:]
+    guarded = iceberg.guarded_commit("alter_table_with_environment_context", args, body)
+    assert guarded is not None
+    decoded = idl.decode_args("alter_table_with_environment_context", guarded)
+    assert decoded.environment_context.properties == {
+        "DO_NOT_UPDATE_STATS": "true",
+        "expected_parameter_key": "metadata_location",
+        "expected_parameter_value": "s3://b/t/metadata/00001.json",
+    }
+    assert decoded.new_tbl == args.new_tbl
+    before, after = field_spans(body)[0], field_spans(guarded)[0]
+    for old, new in zip(before, after, strict=True):
+        if old.fid != 4:
+            assert body[old.start : old.end] == guarded[new.start : new.end]
+    assert unknown in guarded
+
+
+def test_the_check_is_added_where_there_was_no_context() -> None:
+    args = commit_args(ICEBERG_PARAMS, None)
+    guarded = iceberg.guarded_commit(
+        "alter_table_with_environment_context", args, bytes(idl.encode(args))
+    )
+    assert guarded is not None
+    props = idl.decode_args("alter_table_with_environment_context", guarded).environment_context
+    assert props.properties["expected_parameter_value"] == "s3://b/t/metadata/00001.json"
+
+
+@pytest.mark.parametrize(
+    ("params", "context"),
+    [
+        ({**ICEBERG_PARAMS, "table_type": "HIVE"}, {}),  # not Iceberg
+        ({**ICEBERG_PARAMS, "previous_metadata_location": ICEBERG_PARAMS["metadata_location"]}, {}),
+        ({k: v for k, v in ICEBERG_PARAMS.items() if k != "previous_metadata_location"}, {}),
+        (ICEBERG_PARAMS, {"expected_parameter_key": "metadata_location"}),  # its own check
+    ],
+)
+def test_other_alters_are_forwarded_as_they_came(params: dict[str, str], context: Any) -> None:
+    args = commit_args(params, context)
+    assert (
+        iceberg.guarded_commit("alter_table_with_environment_context", args, idl.encode(args))
+        is None
+    )
+
+
+def test_iceberg_table_objects_are_recognised_in_replies() -> None:
+    ice = M.Table(tableName="t", dbName="db", parameters={"table_type": "ICEBERG"})
+    hive = M.Table(tableName="h", dbName="db", parameters={"table_type": "MANAGED"})
+    one = idl.encode(idl.result_class("get_table")(success=ice))
+    assert iceberg.reply_has_iceberg_table("get_table", one)
+    many = idl.encode(idl.result_class("get_table_objects_by_name")(success=[hive, ice]))
+    assert iceberg.reply_has_iceberg_table("get_table_objects_by_name", many)
+    plain = idl.encode(idl.result_class("get_table")(success=hive))
+    assert not iceberg.reply_has_iceberg_table("get_table", plain)
+
+
+def test_iceberg_tables_are_served_only_while_allowed() -> None:
+    async def run() -> None:
+        allowed = [True]
+        e = engine()
+        e.serve_iceberg = lambda: allowed[0]
+        ice = reply(
+            "get_table",
+            idl.result_class("get_table")(
+                success=M.Table(tableName="t", dbName="db", parameters={"table_type": "ICEBERG"})
+            ),
+        )
+        await fill(e, ice)
+        assert (await e.lookup(GET_TABLE)).result is Result.HIT
+        allowed[0] = False  # the notification log stopped moving, say
+        assert (await e.lookup(GET_TABLE)).result is Result.BYPASS
+        assert e.cacheable(GET_TABLE, ice) is None
+
+    asyncio.run(run())
