@@ -531,6 +531,21 @@ def invalidation() -> list[Panel]:
             "s",
         ),
         timeseries(
+            "Lock fences",
+            "Fences of HMS locks (Iceberg commits, Hive ACID): while a lock on a table is held "
+            "or waited for, reads of its object go to the metastore. opened/closed/expired per "
+            "second, and the fences in place; expired ones are locks whose unlock never came "
+            "(a writer that died) and lasted --lock-fence-seconds.",
+            [
+                target(
+                    f"sum by (event) ({rate('hmsproxy_lock_fences_total')})",
+                    "{{event}}",
+                ),
+                target("sum(hmsproxy_lock_fences_active" + sel() + ")", "in place"),
+            ],
+            "short",
+        ),
+        timeseries(
             "Notification follower, per proxy",
             "enabled: the proxy is set to follow the log; leader: it holds the follower lease "
             "(exactly one per Redis); active: the log is followed and moves with writes.",
