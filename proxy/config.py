@@ -274,10 +274,12 @@ class Options:
         metavar="SECONDS",
     )
     upstream_read_timeout: float = _opt(
-        6.0,
+        600.0,
         parse_seconds,
-        "seconds the metastore may stay silent during a call (like a socket timeout); "
-        "under Trino's and Presto's 10 s so engines get an answer, not a timeout",
+        "seconds the metastore may stay silent during a call (like a socket timeout); as "
+        "Hive's and Spark's client, so the proxy never gives up on a call before its client "
+        "would. A read also ends as soon as its client hangs up (Trino's 10 s), a write "
+        "waits for the metastore's answer, so that what it changed is invalidated after it",
         metavar="SECONDS",
     )
     upstream_max_connections: int = _opt(

@@ -30,7 +30,7 @@ from proxy.cache.events import KNOWN, Event, invalidation_for
 from proxy.cache.store import CacheUnavailable
 from proxy.config import Options
 from proxy.metrics import Metrics
-from proxy.upstream import UpstreamError, UpstreamPool, exchange
+from proxy.upstream import OWN_CALL_TIMEOUT, UpstreamError, UpstreamPool, exchange
 from proxy.wire.binary import MessageType
 from proxy.wire.errors import ProtocolError
 
@@ -252,7 +252,7 @@ class NotificationFollower:
         conn = await self.pool.acquire(None)
         try:
             reply = await exchange(
-                conn, idl.encode_call(method, 0, **args), method, 0, self.options
+                conn, idl.encode_call(method, 0, **args), method, 0, self.options, OWN_CALL_TIMEOUT
             )
         except BaseException:
             self.pool.discard(conn)

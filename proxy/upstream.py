@@ -340,7 +340,7 @@ class UpstreamPool:
             return False
         try:
             reply = await exchange(
-                conn, idl.encode_call("getStatus", 0), "getStatus", 0, self.options
+                conn, idl.encode_call("getStatus", 0), "getStatus", 0, self.options, PROBE_TIMEOUT
             )
         except UpstreamError:
             self.discard(conn)
@@ -354,11 +354,20 @@ class UpstreamPool:
             self._discard(self._pop_oldest_idle())
 
 
-async def send(conn: UpstreamConnection, data: bytes, options: Options) -> None:
+# The proxy's own calls (the readiness probe, the notification follower, listing a database's
+# tables before a drop) are not a client's: they get bounds of their own, short enough that a
+# metastore that accepts connections but does not answer is noticed promptly.
+PROBE_TIMEOUT = 5.0
+OWN_CALL_TIMEOUT = 30.0
+
+
+async def send(
+    conn: UpstreamConnection, data: bytes, options: Options, timeout: float | None = None
+) -> None:
     conn.writer.write(options.upstream_transport.frame(data))
     try:
         # asyncio.timeout, not wait_for: no extra task per call on the hot path.
-        async with asyncio.timeout(options.upstream_read_timeout):
+        async with asyncio.timeout(timeout or options.upstream_read_timeout):
             await conn.writer.drain()
     except TimeoutError as exc:
         raise UpstreamTimeout("timed out sending to the metastore") from exc
@@ -366,15 +375,20 @@ async def send(conn: UpstreamConnection, data: bytes, options: Options) -> None:
         raise UpstreamClosed(f"connection lost while sending: {exc}", stale=conn.calls > 0) from exc
 
 
-async def receive(conn: UpstreamConnection, options: Options, *, got_bytes: bool) -> bytes:
+async def receive(
+    conn: UpstreamConnection,
+    options: Options,
+    *,
+    got_bytes: bool,
+    timeout: float | None = None,
+) -> bytes:
     """The next bytes from the metastore; errors say whether the connection was stale."""
+    limit = timeout or options.upstream_read_timeout
     try:
-        async with asyncio.timeout(options.upstream_read_timeout):
+        async with asyncio.timeout(limit):
             data = await conn.reader.read(READ_SIZE)
     except TimeoutError as exc:
-        raise UpstreamTimeout(
-            f"the metastore sent nothing for {options.upstream_read_timeout:g} s"
-        ) from exc
+        raise UpstreamTimeout(f"the metastore sent nothing for {limit:g} s") from exc
     except OSError as exc:
         raise UpstreamClosed(str(exc), stale=conn.calls > 0 and not got_bytes) from exc
     if not data:
@@ -396,10 +410,15 @@ def check_reply_header(
 
 
 async def exchange(
-    conn: UpstreamConnection, request: bytes, name: str, seqid: int, options: Options
+    conn: UpstreamConnection,
+    request: bytes,
+    name: str,
+    seqid: int,
+    options: Options,
+    timeout: float | None = None,
 ) -> Message:
     """Send one call and read its whole reply (for the proxy's own small calls)."""
-    await send(conn, request, options)
+    await send(conn, request, options, timeout)
     reader = MessageReader(options.upstream_transport, options.max_reply_bytes)
     got = False
     while True:
@@ -413,7 +432,7 @@ async def exchange(
             if reader.buffered:
                 raise UpstreamProtocolError("metastore sent bytes after its reply")
             return message
-        reader.feed(await receive(conn, options, got_bytes=got))
+        reader.feed(await receive(conn, options, got_bytes=got, timeout=timeout))
         got = True
 
 

@@ -22,7 +22,9 @@ from tests.rig import raw
 from tests.rig.faults import FaultyRelay
 from tests.rig.hms import MetastoreServer
 from tests.rig.ports import free_port
+from tests.rig.proxy_process import ProxyProcess
 from tests.rig.sample import Sample, create_slow_table
+from tests.rig.waiting import eventually
 
 from .test_bad_input import _application_exception
 
@@ -241,3 +243,76 @@ def test_a_client_that_hangs_up_before_its_answer_costs_nothing(
     assert _get_db(proxy.port, sample.db) == expected  # the one connection is free again
     assert proxy.metric("hmsproxy_requests_total", method="get_table", outcome="client_gone") == 2
     assert "internal error" not in proxy.log()
+
+
+# -- the proxy is never the reason a call fails ------------------------------------------------
+
+
+def test_a_slow_add_partitions_succeeds_with_the_defaults(
+    proxy: ProxyProcess, hms: MetastoreServer
+) -> None:
+    """The metastore takes 10 s to add partitions to a "slowadd" table (see CallerLog.java):
+    through a proxy with default options the write succeeds, as it would directly (Hive's
+    client waits 600 s), and the new partition is read back at once."""
+    from tests.rig.locking import Endpoint, create_table
+
+    db, table = "slow_writes", "slowadd_events"
+    at = Endpoint("127.0.0.1", proxy.port)
+    if table not in (Endpoint(hms.host, hms.port).call("get_all_tables", db_name=db).success or []):
+        create_table(Endpoint(hms.host, hms.port), hms.warehouse.as_uri(), db, table)
+    before = at.call("get_partition_names", db_name=db, tbl_name=table, max_parts=-1).success
+    m = idl.module()
+    day = f"2025-{len(before):02d}-01"
+    template = at.call("get_table", dbname=db, tbl_name=table).success.sd
+    template.location = f"{template.location}/ds={day}"
+    started = time.monotonic()
+    result = at.call(
+        "add_partitions",
+        new_parts=[
+            m.Partition(values=[day], dbName=db, tableName=table, sd=template, parameters={})
+        ],
+    )
+    assert time.monotonic() - started >= 10
+    assert result.success == 1, result
+    after = at.call("get_partition_names", db_name=db, tbl_name=table, max_parts=-1).success
+    assert f"ds={day}" in after
+
+
+def test_a_read_is_dropped_when_its_client_hangs_up(
+    proxy: ProxyProcess, hms: MetastoreServer
+) -> None:
+    """A client with a 0.5 s timeout (Trino's is 10 s) gives up on a read the metastore takes
+    3 s over: the proxy drops the read then, rather than waiting for a reply nobody wants."""
+    slow = create_slow_table(hms.host, hms.port)
+    request = idl.encode_call("get_table", 1, dbname="proxy_it", tbl_name=slow)
+    upstream_ok = proxy.metric("hmsproxy_upstream_requests_total", method="get_table", outcome="ok")
+    with raw.RawConnection("127.0.0.1", proxy.port, timeout=0.5) as conn:
+        conn.send(request)
+        with pytest.raises(TimeoutError):
+            conn.receive()
+    time.sleep(4)  # past the metastore's three seconds
+    gone = proxy.metric("hmsproxy_requests_total", method="get_table", outcome="client_gone")
+    assert gone == 1
+    # The call never completed at the proxy: it was cancelled when the client left, so no
+    # reply was read (and the connection it was on was closed, not pooled).
+    assert (
+        proxy.metric("hmsproxy_upstream_requests_total", method="get_table", outcome="ok")
+        == upstream_ok
+    )
+    assert raw.call("127.0.0.1", proxy.port, request)[3] == MessageType.REPLY  # all well
+
+
+def test_a_metastore_that_stops_answering_is_noticed_promptly(
+    proxy_factory: ProxyFactory, relay: FaultyRelay
+) -> None:
+    """Accepting connections and answering nothing: readiness goes to not ready within the
+    probe's own short bound, however long calls may wait."""
+    from tests.integration.test_admin import NOT_SERVING, SERVING, health
+
+    proxy = proxy_factory(upstream=f"thrift://127.0.0.1:{relay.port}")
+    eventually(lambda: health(proxy, "readiness") == SERVING, 20)
+    relay.blackhole = True
+    eventually(lambda: health(proxy, "readiness") == NOT_SERVING, 20)
+    assert proxy.metric("hmsproxy_upstream_available") == 0
+    relay.blackhole = False
+    eventually(lambda: health(proxy, "readiness") == SERVING, 20)

@@ -19,8 +19,11 @@ def test_defaults_are_what_engines_expect() -> None:
     assert options.metrics_listen == HostPort("0.0.0.0", 9090)
     assert options.client_transport is Transport.BUFFERED
     assert options.upstream_transport is Transport.BUFFERED
-    # Connect plus read timeout stays under the engines' 10 s metastore read timeout.
-    assert options.upstream_connect_timeout + options.upstream_read_timeout < 10
+    # The proxy never gives up on a call before its client would: Hive's and Spark's client
+    # wait 600 s (Trino's 10 s ends its reads itself, and the proxy drops them then).
+    assert options.upstream_read_timeout >= 600
+    # A fence lasts at least as long as Hive's lock timeout (hive.txn.timeout, 300 s).
+    assert options.lock_fence_seconds >= 300
     assert options.max_reply_bytes >= 100_000 * 1100  # 100,000 partitions of ~1.1 KB
 
 

@@ -7,6 +7,7 @@ import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.hive.metastore.MetaStorePreEventListener;
 import org.apache.hadoop.hive.metastore.api.MetaException;
 import org.apache.hadoop.hive.metastore.api.Table;
+import org.apache.hadoop.hive.metastore.events.PreAddPartitionEvent;
 import org.apache.hadoop.hive.metastore.events.PreAlterTableEvent;
 import org.apache.hadoop.hive.metastore.events.PreCreateTableEvent;
 import org.apache.hadoop.hive.metastore.events.PreEventContext;
@@ -23,7 +24,8 @@ import org.apache.hadoop.security.UserGroupInformation;
  * Reading a table whose name starts with "slowread", or altering one whose name starts with
  * "slowwrite", takes the HMS three seconds: a real call in flight for the tests (to drain on
  * SIGTERM, to kill the HMS under, or to kill a proxy under between forwarding a write and
- * invalidating it).
+ * invalidating it). Adding partitions to a table whose name starts with "slowadd" takes it ten
+ * seconds, as a large add_partitions does on a busy metastore.
  */
 public class CallerLog extends MetaStorePreEventListener {
   private final String path;
@@ -47,6 +49,16 @@ public class CallerLog extends MetaStorePreEventListener {
     } else if (context instanceof PreAlterTableEvent) {
       Table t = ((PreAlterTableEvent) context).getOldTable();
       target = t.getDbName() + "." + t.getTableName();
+    } else if (context instanceof PreAddPartitionEvent) {
+      Table t = ((PreAddPartitionEvent) context).getTable();
+      target = t.getDbName() + "." + t.getTableName();
+    }
+    if (context instanceof PreAddPartitionEvent && target.contains(".slowadd")) {
+      try {
+        Thread.sleep(10000);
+      } catch (InterruptedException exc) {
+        Thread.currentThread().interrupt();
+      }
     }
     boolean slow =
         (context instanceof PreReadTableEvent && target.contains(".slowread"))
