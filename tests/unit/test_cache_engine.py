@@ -166,9 +166,7 @@ class LateFenceStore(MemoryStore):
             raise CacheUnavailable("redis did not answer in 0.05 s")
         return granted
 
-    async def unfence(
-        self, keys: Sequence[str], intent: str, bumps: Any, also: Any = ()
-    ) -> None:
+    async def unfence(self, keys: Sequence[str], intent: str, bumps: Any, also: Any = ()) -> None:
         if self.down:
             raise CacheUnavailable("down")
         await super().unfence(keys, intent, bumps, also)
