@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hashlib
+import hmac
 import logging
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from proxy.admin.server import AdminServer
 from proxy.admin.service import AdminService
@@ -61,7 +64,9 @@ class Proxy:
     @classmethod
     def build(cls, options: Options, metrics: Metrics | None = None) -> Proxy:
         metrics = metrics or Metrics()
-        activity = Activity(show_names=options.status_show_names == "on")
+        activity = Activity(
+            show_names=options.status_show_names == "on", secret=status_secret(options)
+        )
         pool = UpstreamPool(options, metrics)
         cache = build_cache(options, metrics, activity) if options.cache == "on" else None
         handler = CallHandler(options, pool, metrics, cache, activity)
@@ -149,6 +154,16 @@ def ttls_of(options: Options) -> Ttls:
         functions=options.ttl_functions,
         negative=options.ttl_negative,
     )
+
+
+def status_secret(options: Options) -> bytes | None:
+    """The key of the status page's table hashes: derived from the admin token, the one
+    secret a deployment's proxies share, so that their pages agree; without a token (the
+    admin port on loopback), a random one of this process."""
+    if not options.admin_token_file:
+        return None
+    token = Path(options.admin_token_file).read_bytes().strip()
+    return hmac.new(token, b"hms-cache-proxy status page names", hashlib.sha256).digest()
 
 
 def iceberg_policy(options: Options, follower: NotificationFollower | None) -> Callable[[], bool]:

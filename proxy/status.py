@@ -12,7 +12,10 @@ itself every few seconds.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import html
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -26,13 +29,23 @@ from proxy.metrics import Metrics
 TOP_TABLES = 10
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Invalidated:
     at: float
     reason: str
     scopes: tuple[str, ...]
     tables: tuple[str, ...]  # as shown: names or hashes; empty with ``everything``
     everything: bool
+    more: int = 0  # tables beyond those shown
+
+
+# Names are shown up to this long, and an invalidation names this many tables at most: a
+# client decides how long a name it sends, and a drop can name thousands.
+MAX_NAME = 200
+MAX_TABLES_SHOWN = 10
+# A write's own event comes back through the notification log within a poll or two: within
+# this long, it is shown on the write's line rather than as a line of its own.
+SAME_WRITE_SECONDS = 30.0
 
 
 class Activity:
@@ -42,47 +55,75 @@ class Activity:
     table takes the place of the least looked-up one and starts from its count, so a count
     can be high by at most the count of the table it replaced, and a table looked up more
     often than that can never be missing from the list.
+
+    Without ``show_names``, a table is shown as a hash of its name keyed with ``secret``, so
+    that a list of candidate names cannot be hashed to find which tables these are; proxies
+    given the same secret show the same hash for a table.
     """
 
-    def __init__(self, show_names: bool, capacity: int = 500, recent: int = 20) -> None:
+    def __init__(
+        self,
+        show_names: bool,
+        capacity: int = 500,
+        recent: int = 20,
+        secret: bytes | None = None,
+    ) -> None:
         self.show_names = show_names
         self.capacity = capacity
         self.started = time.time()
-        self._tables: dict[TableRef, list[int]] = {}  # table -> [look-ups, hits]
+        self._secret = secret or os.urandom(32)
+        self._tables: dict[str, list[int]] = {}  # table tag -> [look-ups, hits]
+        self._shown: dict[str, str] = {}  # table tag -> its name as shown
         self.recent: deque[Invalidated] = deque(maxlen=recent)
 
     def name(self, table: TableRef) -> str:
         if self.show_names:
             prefix = "" if table.catalog == "hive" else f"{table.catalog}."
-            return f"{prefix}{table.db}.{table.table}"
-        return "table#" + table.tag[2:10]
+            full = f"{prefix}{table.db}.{table.table}"
+            return full if len(full) <= MAX_NAME else full[: MAX_NAME - 1] + "\u2026"
+        key = "\x00".join((table.catalog, table.db, table.table)).encode()
+        return "table#" + hmac.new(self._secret, key, hashlib.sha256).hexdigest()[:12]
 
     def looked_up(self, table: TableRef, hit: bool) -> None:
-        counts = self._tables.get(table)
+        tag = table.tag
+        counts = self._tables.get(tag)
         if counts is None:
             floor = 0
             if len(self._tables) >= self.capacity:
                 least = min(self._tables, key=lambda t: self._tables[t][0])
                 floor = self._tables.pop(least)[0]
-            counts = self._tables[table] = [floor, 0]
+                self._shown.pop(least, None)
+            counts = self._tables[tag] = [floor, 0]
+            self._shown[tag] = self.name(table)
         counts[0] += 1
         if hit:
             counts[1] += 1
 
     def busiest(self, n: int = TOP_TABLES) -> list[tuple[str, int, int]]:
         top = sorted(self._tables.items(), key=lambda item: -item[1][0])[:n]
-        return [(self.name(t), c[0], c[1]) for t, c in top]
+        return [(self._shown[t], c[0], c[1]) for t, c in top]
 
     def invalidated(
         self, reason: str, scopes: Iterable[str], tables: Iterable[TableRef], everything: bool
     ) -> None:
+        listed = list(tables)
+        shown = tuple(self.name(t) for t in listed[:MAX_TABLES_SHOWN])
+        now = time.time()
+        if reason == "notification" and shown and not everything:
+            for line in self.recent:  # the event of a write made through this proxy?
+                if now - line.at > SAME_WRITE_SECONDS:
+                    break
+                if line.reason.startswith("write") and line.tables == shown:
+                    line.reason = "write (and its event)"
+                    return
         self.recent.appendleft(
             Invalidated(
-                time.time(),
+                now,
                 reason,
                 tuple(sorted(set(scopes))),
-                tuple(self.name(t) for t in tables),
+                shown,
                 everything,
+                max(0, len(listed) - len(shown)),
             )
         )
 
@@ -239,7 +280,9 @@ def render(metrics: Metrics, activity: Activity, facts: dict[str, Any], refresh:
         [
             time.strftime("%H:%M:%S", time.localtime(r.at)),
             r.reason,
-            "everything" if r.everything else ", ".join(r.tables) or "-",
+            "everything"
+            if r.everything
+            else ", ".join(r.tables) + (f" and {r.more:,} more" if r.more else "") or "-",
             ", ".join(r.scopes),
         ]
         for r in activity.recent

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from proxy import idl
 from proxy.config import Endpoint, Options
+from proxy.memo import BoundedMemo
 from proxy.metrics import Metrics
 from proxy.tls import upstream_context
 from proxy.wire.binary import MessageType, encode_header
@@ -36,6 +37,10 @@ log = logging.getLogger(__name__)
 READ_SIZE = 256 * 1024
 # How long an endpoint that refused a connection is passed over while others are tried.
 ENDPOINT_BACKOFF_SECONDS = 10.0
+# set_ugi arguments are a user and its groups, a few hundred bytes; a client can send
+# megabytes. Identities bigger than this are neither pooled nor remembered.
+MAX_POOLED_IDENTITY = 64 * 1024
+UGI_REPLY_BYTES = 4 << 20
 
 
 class UpstreamError(Exception):
@@ -120,7 +125,9 @@ class UpstreamPool:
         self._endpoint_failed_at: dict[Endpoint, float] = {}
         # The HMS's reply to each identity's set_ugi, so a client repeating it can be answered
         # without a round trip (the HMS answers the same arguments the same way).
-        self._ugi_replies: dict[Identity, Message] = {}
+        self._ugi_replies: BoundedMemo[Identity, Message] = BoundedMemo(
+            10_000, UGI_REPLY_BYTES, largest=MAX_POOLED_IDENTITY
+        )
         self._closed = False
         self._update_gauges()
 
@@ -164,6 +171,9 @@ class UpstreamPool:
         if not reusable or self._closed or not conn.usable or conn.replies.buffered:
             self._discard(conn)
             return
+        if conn.identity is not None and len(conn.identity.args) > MAX_POOLED_IDENTITY:
+            self._discard(conn)  # an idle connection must not keep megabytes of set_ugi alive
+            return
         conn.idle_since = time.monotonic()
         queue = self._idle.setdefault(conn.identity, deque())
         queue.append(conn)
@@ -188,9 +198,7 @@ class UpstreamPool:
         return conn
 
     def remember_ugi_reply(self, identity: Identity, reply: Message) -> None:
-        if len(self._ugi_replies) >= 10_000:  # bounded: drop the oldest identity
-            self._ugi_replies.pop(next(iter(self._ugi_replies)))
-        self._ugi_replies[identity] = reply
+        self._ugi_replies.put(identity, reply, len(identity.args) + len(reply.data))
 
     def ugi_reply(self, identity: Identity) -> Message | None:
         return self._ugi_replies.get(identity)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import time
@@ -38,6 +39,7 @@ from proxy.cache.keys import EPOCH, TableRef, partition_field
 from proxy.cache.plan import Bump, PartitionPlan, Planner, ReadPlan, VersionRef, WritePlan
 from proxy.cache.store import FENCED, CacheUnavailable, Store, Versions
 from proxy.catalog import MethodSpec
+from proxy.memo import BoundedMemo
 from proxy.metrics import Metrics
 from proxy.status import Activity
 from proxy.wire.binary import MessageType
@@ -126,6 +128,22 @@ class _L1:
         return len(self._items)
 
 
+# Memory for plans and for compression dictionaries, whatever clients send (see proxy.memo).
+PLAN_ENTRIES = 20_000
+PLAN_BYTES = 32 << 20
+DICTIONARY_BYTES = 16 << 20
+
+
+def _request_digest(method: str, body: bytes, identity: bytes | None) -> bytes:
+    h = hashlib.blake2b(method.encode(), digest_size=16)
+    h.update(b"\x00")
+    h.update(body)
+    if identity is not None:
+        h.update(b"\x00")
+        h.update(identity)
+    return h.digest()
+
+
 def fenced(refs: Sequence[VersionRef], versions: Versions) -> bool:
     """Whether a write fences any hash ``refs`` read, or a lock fences a field they read."""
     for key, fields in versions.items():
@@ -186,14 +204,16 @@ class CacheEngine:
         self.locks = LockFences(store, self.naming, metrics, lock_fence, self._defer)
         self.writes = 0  # invalidations for writes through this proxy (the follower watches)
         self._l1 = _L1(l1_bytes) if store.compress else None
-        self._plans: OrderedDict[tuple[str, bytes, bytes | None], ReadPlan | None] = OrderedDict()
+        # Plans by a digest of the request (not its bytes: a client decides how big those are).
+        self._plans: BoundedMemo[bytes, ReadPlan | None] = BoundedMemo(PLAN_ENTRIES, PLAN_BYTES)
         self._flights: dict[tuple[str, bytes], asyncio.Future[bytes | None]] = {}
         # Invalidations Redis did not take yet, with the fence each lifts (if any).
         self._pending: list[tuple[WritePlan, WriteIntent | None]] = []
-        self._dicts: OrderedDict[bytes, bytes] = OrderedDict()  # id -> dictionary
-        self._table_dicts: OrderedDict[str, tuple[bytes, bytes]] = (
-            OrderedDict()
-        )  # tag -> (id, dict)
+        # Compression dictionaries: id -> bytes, and each table's own: tag -> (id, bytes).
+        self._dicts: BoundedMemo[bytes, bytes] = BoundedMemo(10_000, DICTIONARY_BYTES)
+        self._table_dicts: BoundedMemo[str, tuple[bytes, bytes]] = BoundedMemo(
+            10_000, DICTIONARY_BYTES
+        )
         # The HMS returns get_partitions_by_names ordered by partition name; if it is ever
         # seen doing otherwise, replies are no longer assembled from single partitions.
         self.assemble_partitions = True
@@ -204,18 +224,17 @@ class CacheEngine:
         self, spec: MethodSpec, message: Message, identity: bytes | None
     ) -> ReadPlan | None:
         """The plan for a read (memoised: engines repeat the same calls byte for byte)."""
-        memo = (spec.name, message.body, identity if self.planner.per_user else None)
-        if memo in self._plans:
-            self._plans.move_to_end(memo)
-            return self._plans[memo]
+        who = identity if self.planner.per_user else None
+        memo = _request_digest(spec.name, message.body, who)
+        found, plan = self._plans.lookup(memo)
+        if found:
+            return plan
         try:
             args = idl.decode_args(spec.name, message.body)
-            plan = self.planner.read(spec, args, message.body, identity)
         except ProtocolError:
-            plan = None
-        self._plans[memo] = plan
-        if len(self._plans) > 20_000:
-            self._plans.popitem(last=False)
+            return None  # not remembered: garbage is rarely repeated, and costs a scan only
+        plan = self.planner.read(spec, args, message.body, identity)
+        self._plans.put(memo, plan, plan.approx_size() if plan is not None else 0)
         return plan
 
     def plan_write(self, spec: MethodSpec, message: Message) -> WritePlan:
@@ -470,16 +489,12 @@ class CacheEngine:
         known = self._table_dicts.get(tag)
         if known is None and sample is not None:
             known = codec.new_dictionary(sample)
-            self._table_dicts[tag] = known
+            self._table_dicts.put(tag, known, len(known[1]))
             self._remember_dict(*known)
-            if len(self._table_dicts) > 10_000:
-                self._table_dicts.popitem(last=False)
         return known
 
     def _remember_dict(self, dict_id: bytes, data: bytes) -> None:
-        self._dicts[dict_id] = data
-        if len(self._dicts) > 10_000:
-            self._dicts.popitem(last=False)
+        self._dicts.put(dict_id, data, len(data))
 
     async def _load_dictionaries(self, tag: str, ids: Sequence[bytes]) -> None:
         for dict_id in ids:
@@ -601,7 +616,7 @@ class CacheEngine:
         if plan.flush_all and self._l1 is not None:
             self._l1.clear()
         for table in plan.tables:
-            self._table_dicts.pop(table.tag, None)
+            self._table_dicts.pop(table.tag)
 
     async def _apply(self, plan: WritePlan, fence: WriteIntent | None = None) -> None:
         """The plan's invalidation; with ``fence``, that write's fence is lifted after it."""

@@ -136,6 +136,11 @@ def decode(value: bytes, zdict: bytes | None = None) -> Entry:
     return Entry(fp, flags & _KEPT, body, float(expires))
 
 
+# zlib uses the last 32 KiB of a dictionary and nothing before them.
+DICTIONARY_WINDOW = 32 * 1024
+
+
 def new_dictionary(sample: bytes) -> tuple[bytes, bytes]:
     """(id, bytes) of a dictionary made from one partition's bytes."""
+    sample = sample[-DICTIONARY_WINDOW:]
     return hashlib.blake2b(sample, digest_size=DICT_ID).digest(), sample

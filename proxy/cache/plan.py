@@ -105,6 +105,17 @@ class ReadPlan:
     table: TableRef | None = None
     partitions: PartitionPlan | None = None
 
+    def approx_size(self) -> int:
+        """Bytes this plan keeps alive, roughly (for the plan memo's budget)."""
+        size = 400 + len(self.key) + sum(len(r.key) + len(r.field) + 100 for r in self.refs)
+        if self.table is not None:
+            size += len(self.table.db) + len(self.table.table) + 100
+        pp = self.partitions
+        if pp is not None:
+            size += sum(len(n) + 300 for n in pp.names) + sum(sum(map(len, v)) for v in pp.values)
+            size += sum(len(k) + 100 for k in pp.entry_keys) + sum(len(f) for f in pp.fields)
+        return size
+
 
 @dataclass(frozen=True, slots=True)
 class Bump:

@@ -12,11 +12,12 @@ map refresh.
 from __future__ import annotations
 
 import asyncio
-import functools
 import ssl
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
+
+from proxy.memo import BoundedMemo
 
 Command = tuple[bytes | str | int, ...]
 
@@ -29,14 +30,24 @@ class Disconnected(Exception):
     pass
 
 
-@functools.lru_cache(maxsize=16384)
+# Encoded look-ups are memoised (hits repeat the same ones over and over), within a budget:
+# their keys are digests, but a get_partitions_by_names of many names is one long MGET.
+_ENCODED: BoundedMemo[Command, bytes] = BoundedMemo(16_384, 8 << 20, largest=8 * 1024)
+
+
 def encode(command: Command) -> bytes:
-    """RESP for ``command`` (memoised: hits repeat the same look-ups over and over)."""
+    """RESP for ``command``."""
+    known = _ENCODED.get(command)
+    if known is not None:
+        return known
     out = [b"*%d\r\n" % len(command)]
     for arg in command:
         raw = arg if isinstance(arg, bytes) else str(arg).encode()
         out.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
-    return b"".join(out)
+    encoded = b"".join(out)
+    # The command's own strings are kept as the key: count them along with the encoding.
+    _ENCODED.put(command, encoded, 2 * len(encoded))
+    return encoded
 
 
 _INCOMPLETE = object()

@@ -85,3 +85,35 @@ def test_the_page_is_well_formed_and_self_contained() -> None:
     assert checker.open == [] and checker.external == []
     assert "<script" not in page
     assert "everything" in page
+
+
+def test_hashed_names_are_keyed_so_a_dictionary_cannot_reverse_them() -> None:
+    table = TableRef.of("hr", "salaries")
+    one, same, other = (Activity(False, secret=k) for k in (b"a" * 32, b"a" * 32, b"b" * 32))
+    assert one.name(table) == same.name(table)  # one deployment's proxies agree
+    assert one.name(table) != other.name(table)
+    # The old unsalted 32-bit hash was the table's tag: anyone could compute it.
+    assert table.tag[2:10] not in one.name(table)
+    assert len(one.name(table)) == len("table#") + 12
+
+
+def test_what_a_client_names_stays_bounded_on_the_page() -> None:
+    activity = Activity(show_names=True, capacity=50)
+    for i in range(2_000):
+        activity.looked_up(TableRef.of("db", f"{i}" + "x" * 100_000), hit=False)
+    assert sum(len(n) for n in activity._shown.values()) <= 50 * 200
+    many = [TableRef.of("db", f"t{i}") for i in range(5_000)]
+    activity.invalidated("write", ["table"], many, everything=False)
+    line = activity.recent[0]
+    assert len(line.tables) == 10 and line.more == 4_990
+
+
+def test_a_write_and_its_own_event_are_one_line() -> None:
+    activity = Activity(show_names=True)
+    table = TableRef.of("db", "t")
+    activity.invalidated("write", ["table"], [table], everything=False)
+    activity.invalidated("notification", ["table", "statistics"], [table], everything=False)
+    assert len(activity.recent) == 1
+    assert activity.recent[0].reason == "write (and its event)"
+    activity.invalidated("notification", ["table"], [TableRef.of("db", "u")], everything=False)
+    assert len(activity.recent) == 2  # another table's event: its own line
