@@ -277,9 +277,8 @@ class Options:
         600.0,
         parse_seconds,
         "seconds the metastore may stay silent during a call (like a socket timeout); as "
-        "Hive's and Spark's client, so the proxy never gives up on a call before its client "
-        "would. A read also ends as soon as its client hangs up (Trino's 10 s), a write "
-        "waits for the metastore's answer, so that what it changed is invalidated after it",
+        "long as Hive's and Spark's client wait, so that the proxy never gives up on a call "
+        "before its client would (a client that gives up sooner, Trino at 10 s, retries)",
         metavar="SECONDS",
     )
     upstream_max_connections: int = _opt(

@@ -20,12 +20,11 @@ have seen talking to the HMS directly.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from proxy import catalog, iceberg, idl
 from proxy.cache import locks
@@ -76,11 +75,6 @@ class ClientGone(Exception):
     """The client connection must be closed (its reply can no longer be completed)."""
 
 
-class ClientHungUp(ClientGone):
-    """The client closed its connection while its read was at the metastore (its own timeout,
-    Trino's 10 s say): the read is dropped, as the client no longer waits for it."""
-
-
 class ClientChannel(Protocol):
     """The client side of a session, as the handler needs it."""
 
@@ -91,14 +85,6 @@ class ClientChannel(Protocol):
 
     async def send_message(self, head: bytes, rest: memoryview) -> None:
         """Write one message, framed as needed, given in two parts."""
-
-    async def hangup(self) -> None:
-        """Return when the client closes its connection (bytes it sends meanwhile are kept
-        for the session); never, for a channel whose client cannot hang up."""
-
-
-async def _never() -> None:
-    await asyncio.Event().wait()
 
 
 @dataclass
@@ -126,9 +112,6 @@ class _NoReply:
 
     async def send_message(self, head: bytes, rest: memoryview) -> None:
         pass
-
-    async def hangup(self) -> None:
-        await _never()  # it waits for no reply: nothing to give up
 
 
 OnReply = Callable[[Message], Awaitable[None]]
@@ -191,13 +174,10 @@ class CallHandler:
                 outcome = await self._write(session, message, client, spec)
             else:
                 oneway = header.name in idl.oneway_methods()  # the metastore sends no reply
-                read = spec is not None and spec.retryable
+                retries = 1 if spec is not None and spec.retryable else 0
                 outcome = await self._forward(
-                    session, message, client, oneway=oneway, retries=1 if read else 0, watch=read
+                    session, message, client, oneway=oneway, retries=retries
                 )
-        except ClientHungUp:
-            self.metrics.requests.labels(label, "client_gone").inc()
-            raise
         except ClientGone:
             self.metrics.requests.labels(label, "upstream_error").inc()
             raise
@@ -227,7 +207,7 @@ class CallHandler:
             plan = self.cache.plan_read(spec, message, identity)
         if plan is None:
             self.metrics.cache_lookups.labels(label, "bypass").inc()
-            return await self._forward(session, message, client, retries=1, watch=True), "upstream"
+            return await self._forward(session, message, client, retries=1), "upstream"
         if plan.partitions is not None:
             return await self._partition_read(session, message, client, plan)
         look = await self.cache.lookup(plan)
@@ -240,17 +220,17 @@ class CallHandler:
                 MessageType.REPLY, look.reply[_body_at(look.reply) :][:3]
             ), "cache"
         if look.result is Result.BYPASS:
-            return await self._forward(session, message, client, retries=1, watch=True), "upstream"
+            return await self._forward(session, message, client, retries=1), "upstream"
         fp = await self.cache.fill_fingerprint(plan, look)
         if fp is None:
-            return await self._forward(session, message, client, retries=1, watch=True), "upstream"
+            return await self._forward(session, message, client, retries=1), "upstream"
         flight = self.cache.join(plan.key, fp)
         if flight is not None:
             shared = await flight
             if shared is not None:
                 await _send_cached(client, shared, message.header.seqid)
                 return result_outcome(MessageType.REPLY, shared[_body_at(shared) :][:3]), "cache"
-            return await self._forward(session, message, client, retries=1, watch=True), "upstream"
+            return await self._forward(session, message, client, retries=1), "upstream"
         self.cache.lead(plan.key, fp)
         kept: list[bytes] = []
 
@@ -277,7 +257,6 @@ class CallHandler:
                 retries=1,
                 on_reply=store,
                 fallback=stale if self.cache.stale_window > 0 else None,
-                watch=True,
             )
         finally:
             self.cache.land(plan.key, fp, kept[0] if kept else None)
@@ -293,7 +272,7 @@ class CallHandler:
         self.metrics.cache_lookups.labels(label, look.result.value).inc()
         self.activity.looked_up(pp.table, look.result is Result.HIT)
         if look.result is Result.BYPASS:
-            return await self._forward(session, message, client, retries=1, watch=True), "upstream"
+            return await self._forward(session, message, client, retries=1), "upstream"
         seqid = message.header.seqid
         self.metrics.cache_partitions.labels("hit").inc(len(look.known))
         self.metrics.cache_partitions.labels("miss").inc(len(pp.values) - len(look.known))
@@ -309,9 +288,7 @@ class CallHandler:
             names = [n for n, v in zip(pp.names, pp.values, strict=True) if v not in look.known]
             args = parts.with_names(message.body, pp.names_path, names)
             request = encode_header(method, MessageType.CALL, seqid) + args
-        reply = await self._call(
-            session, message, client, hold=True, retries=1, request=request, watch=True
-        )
+        reply = await self._call(session, message, client, hold=True, retries=1, request=request)
         if isinstance(reply, str):  # the client already has its error
             return reply, "upstream"
         got = self._fetched_partitions(reply, missing, whole, pp.names, pp.values)
@@ -320,7 +297,7 @@ class CallHandler:
                 await client.send(client.transport.frame(reply.data))
                 return result_outcome(reply.header.type, reply.body[:3]), "upstream"
             # Unexpected shape for a subset: let the HMS answer the whole request instead.
-            return await self._forward(session, message, client, retries=1, watch=True), "upstream"
+            return await self._forward(session, message, client, retries=1), "upstream"
         if versions is not None:
             await self.cache.fill_partitions(plan, versions, missing, got)
         if whole:
@@ -473,7 +450,6 @@ class CallHandler:
         retries: int = 0,
         on_reply: OnReply | None = None,
         fallback: Fallback | None = None,
-        watch: bool = False,
     ) -> str:
         """Send the call upstream and relay the reply to ``client``; returns the outcome."""
         result = await self._call(
@@ -484,7 +460,6 @@ class CallHandler:
             retries=retries,
             on_reply=on_reply,
             fallback=fallback,
-            watch=watch,
         )
         assert isinstance(result, str)
         return result
@@ -501,17 +476,13 @@ class CallHandler:
         request: bytes | None = None,
         on_reply: OnReply | None = None,
         fallback: Fallback | None = None,
-        watch: bool = False,
     ) -> str | Message:
         """Send the call upstream (retrying a stale pooled connection up to ``retries``).
 
         The reply is relayed to ``client`` and the outcome label returned; with ``hold`` it is
         returned whole instead, for the caller to send. Failures are answered to the client
         either way, and their outcome label returned; unless ``fallback`` answers them (a
-        stale cached reply while the metastore is unreachable). With ``watch`` (reads), the
-        call is dropped as soon as the client hangs up: its own timeout decides how long it
-        waits, never the proxy's (a write is never dropped: what it changed is invalidated
-        once the metastore has answered).
+        stale cached reply while the metastore is unreachable).
         """
         header = message.header
         request = request if request is not None else upstream_request(message)
@@ -527,8 +498,7 @@ class CallHandler:
                     return "ok"
                 return await self._upstream_failed(client, message, exc)
             try:
-                exchanging = self._exchange(conn, request, message, relay_to, oneway, on_reply)
-                result = await (_unless_hangup(client, exchanging) if watch else exchanging)
+                result = await self._exchange(conn, request, message, relay_to, oneway, on_reply)
             except UpstreamError as exc:
                 self.pool.discard(conn)
                 if session.pinned is conn:
@@ -732,36 +702,6 @@ class CallHandler:
         if session.pinned is not None:
             self.pool.discard(session.pinned)
             session.pinned = None
-
-
-async def _unless_hangup(client: ClientChannel, call: Awaitable[str | Message]) -> str | Message:
-    """``call``'s result, unless the client hangs up first (then :class:`ClientHungUp`)."""
-    task = asyncio.ensure_future(call)
-    watcher = asyncio.ensure_future(client.hangup())
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        # Both are waited for: the session reads the client next, and the metastore
-        # connection must be settled before it is discarded.
-        await _cancelled(watcher)
-        if not task.done():
-            await _cancelled(task)
-    if task.cancelled():
-        raise ClientHungUp("the client hung up while its read was at the metastore")
-    return task.result()
-
-
-async def _cancelled(task: asyncio.Future[Any]) -> None:
-    """Cancel ``task`` and wait until it has stopped (a cancellation of our own goes on)."""
-    task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            raise
-    except Exception:
-        pass  # it was ending anyway; its result is not wanted
 
 
 async def _send_cached(client: ClientChannel, cached: bytes, seqid: int) -> None:

@@ -36,31 +36,11 @@ SMALL_MESSAGE = 64 * 1024
 
 
 class ClientConnection:
-    """The client side of a session: framing-aware writes with backpressure, and a watch for
-    the client hanging up while its call is answered."""
+    """The client side of a session: framing-aware writes with backpressure."""
 
-    def __init__(
-        self,
-        writer: asyncio.StreamWriter,
-        transport: Transport,
-        reader: asyncio.StreamReader | None = None,
-    ) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, transport: Transport) -> None:
         self.writer = writer
         self.transport = transport
-        self.reader = reader
-        # Bytes that came while a call was being answered (a client pipelining its next
-        # request); the session reads them first.
-        self.early: list[bytes] = []
-
-    async def hangup(self) -> None:
-        """Return when the client closes the connection. A Thrift client sends nothing while
-        it waits for a reply, so what it does send is kept (up to one read) for later."""
-        while self.reader is not None and not self.early:
-            data = await self.reader.read(READ_SIZE)
-            if not data:
-                return
-            self.early.append(data)
-        await asyncio.Event().wait()  # a client that sends is not hanging up
 
     async def send(self, data: bytes) -> None:
         self.writer.write(data)
@@ -214,7 +194,7 @@ class _Session:
         self.writer = writer
         peer = writer.get_extra_info("peername")
         self.state = SessionState(peer=f"{peer[0]}:{peer[1]}" if peer else "?")
-        self.client = ClientConnection(writer, self.options.client_transport, reader)
+        self.client = ClientConnection(writer, self.options.client_transport)
         self.requests = MessageReader(self.options.client_transport, self.options.max_request_bytes)
         self.busy = False
         self._message_deadline = 0.0  # when the request being received must be complete
@@ -260,9 +240,6 @@ class _Session:
                 await self.server.handler.handle(self.state, message, self.client)
             finally:
                 self.busy = False
-            for data in self.client.early:
-                self._feed(data)
-            self.client.early.clear()
             self.state.calls += 1
             if self.server.stopping:
                 return

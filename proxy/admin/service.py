@@ -6,7 +6,6 @@ keeps the replies, so what it prefetches is exactly what a Trino query would hav
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -54,9 +53,6 @@ class _Keeper:
     async def send_message(self, head: bytes, rest: memoryview) -> None:
         self.data += head
         self.data += rest
-
-    async def hangup(self) -> None:
-        await asyncio.Event().wait()  # the admin call waits for its answer
 
 
 class AdminService(pb_grpc.AdminServicer):

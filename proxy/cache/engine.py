@@ -105,7 +105,7 @@ class _L1:
         return item
 
     def put(self, key: str, fp: bytes, entry: codec.Entry, ttl: float) -> None:
-        size = len(entry.payload) + 200
+        size = len(key) + len(entry.payload) + 250  # with the entry's objects
         if size > self.max_bytes // 4 or ttl <= 0:
             return
         self.pop(key)

@@ -194,15 +194,15 @@ class MemoryStore:
                 continue  # one entry may not crowd out the rest
             self._drop(key)
             self._entries[key] = (value, now + ttl)
-            self._bytes += len(value)
+            self._bytes += _cost(key, value)
         while self._bytes > self.max_bytes and self._entries:
             key, (value, _) = self._entries.popitem(last=False)
-            self._bytes -= len(value)
+            self._bytes -= _cost(key, value)
 
     def _drop(self, key: str) -> None:
         old = self._entries.pop(key, None)
         if old is not None:
-            self._bytes -= len(old[0])
+            self._bytes -= _cost(key, old[0])
 
     async def bump(self, bumps: Sequence[Bump]) -> None:
         for b in bumps:
@@ -295,6 +295,15 @@ class MemoryStore:
 
     async def close(self) -> None:
         return None
+
+
+# What an entry costs beyond its value: its key, and the objects that hold both. Counted, so
+# that a cache of many small entries (partitions remembered as absent, say) is bounded too.
+ENTRY_OVERHEAD = 200
+
+
+def _cost(key: str, value: bytes) -> int:
+    return len(key) + len(value) + ENTRY_OVERHEAD
 
 
 def _note_fences(versions: dict[str, bytes | None], marks: Mapping[str, float]) -> None:

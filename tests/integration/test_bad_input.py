@@ -220,3 +220,81 @@ def test_connections_over_the_cap_are_told_why(proxy_factory: ProxyFactory, samp
     with raw.RawConnection("127.0.0.1", proxy.port, timeout=10) as again:
         assert again.call(request)[3] == MessageType.REPLY
     second.sock.close()
+
+
+# -- memory a client's bytes can fill ----------------------------------------------------------
+
+
+def _padded(method: str, seqid: int, pad: int, **args: object) -> bytes:
+    """A call with an extra string field the IDL does not know (id 99), ``pad`` bytes long:
+    the metastore and thriftpy2 skip it, but it makes every request distinct and large."""
+    body = idl.encode(idl.args_class(method)(**args))
+    extra = struct.pack(">bhi", 11, 99, pad) + b"x" * pad
+    return encode_header(method, MessageType.CALL, seqid) + body[:-1] + extra + body[-1:]
+
+
+def _blast(proxy: ProxyProcess, requests: list[bytes], connections: int = 4) -> None:
+    def run(part: list[bytes]) -> None:
+        with raw.RawConnection("127.0.0.1", proxy.port, timeout=60) as conn:
+            for request in part:
+                assert conn.call(request)[3] in (MessageType.REPLY, MessageType.EXCEPTION)
+
+    threads = [
+        threading.Thread(target=run, args=(requests[i::connections],)) for i in range(connections)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+
+
+# What the proxy's memos may hold whatever clients send (proxy/memo.py and its users): plans
+# 32 MiB, encoded Redis commands 8 MiB, set_ugi replies 4 MiB, compression dictionaries
+# 2 x 16 MiB; plus the embedded cache itself (--memory-cache-bytes).
+MEMO_BUDGET = (32 + 8 + 4 + 2 * 16) * MiB
+
+
+def test_distinct_padded_and_malformed_requests_leave_memory_within_budget(
+    proxy_factory: ProxyFactory, sample: Sample
+) -> None:
+    cache = 16 * MiB
+    proxy = proxy_factory("--memory-cache-bytes", str(cache), "--notifications", "off")
+    _blast(proxy, [idl.encode_call("get_table", i, dbname=sample.db, tbl_name=f"warm_{i}")
+                   for i in range(300)])  # fmt: skip
+    before = proxy.rss_bytes()
+    requests: list[bytes] = []
+    # Large and distinct: each get_table padded with 100 KB (before the fix, the plan memo
+    # kept every request's bytes: ~290 MB for 3,000 of these).
+    requests += [
+        _padded("get_table", i, 100_000, dbname=sample.db, tbl_name=f"no_such_{i}")
+        for i in range(3_000)
+    ]
+    # Many distinct names to plan (each plan holds keys for each partition it names).
+    requests += [
+        idl.encode_call(
+            "get_partitions_by_names",
+            i,
+            db_name=sample.db,
+            tbl_name=sample.table,
+            names=[f"ds=1999-{i:05d}-{j:02d}/region=zz" for j in range(20)],
+        )
+        for i in range(5_000)
+    ]
+    # Malformed: a database name sent as an integer (refused before decoding, forwarded).
+    requests += [
+        encode_header("get_table", MessageType.CALL, i)
+        + struct.pack(">bhi", 8, 1, i)  # field 1 (dbname) as an i32
+        + struct.pack(">bhi", 11, 2, 1)
+        + b"y\x00"
+        for i in range(10_000)
+    ]
+    _blast(proxy, requests)
+    # Distinct identities with 8 KB of groups each, as set_ugi sends them.
+    for i in range(0, 2_000, 500):
+        with raw.RawConnection("127.0.0.1", proxy.port, timeout=60) as conn:
+            for j in range(i, i + 500):
+                ugi = idl.encode_call("set_ugi", j, user_name=f"u{j}", group_names=["g" * 8000])
+                conn.call(ugi)
+    grown = proxy.rss_bytes() - before
+    assert grown < MEMO_BUDGET + cache + 24 * MiB, f"grew {grown / MiB:.0f} MiB"
+    _good_call(proxy, sample)

@@ -24,8 +24,9 @@ import org.apache.hadoop.security.UserGroupInformation;
  * Reading a table whose name starts with "slowread", or altering one whose name starts with
  * "slowwrite", takes the HMS three seconds: a real call in flight for the tests (to drain on
  * SIGTERM, to kill the HMS under, or to kill a proxy under between forwarding a write and
- * invalidating it). Adding partitions to a table whose name starts with "slowadd" takes it ten
- * seconds, as a large add_partitions does on a busy metastore.
+ * invalidating it). Adding partitions to a table whose name starts with "slowadd", or reading
+ * one whose name starts with "slowlong", takes it ten seconds, as a large add_partitions or
+ * partition list does on a busy metastore.
  */
 public class CallerLog extends MetaStorePreEventListener {
   private final String path;
@@ -53,7 +54,10 @@ public class CallerLog extends MetaStorePreEventListener {
       Table t = ((PreAddPartitionEvent) context).getTable();
       target = t.getDbName() + "." + t.getTableName();
     }
-    if (context instanceof PreAddPartitionEvent && target.contains(".slowadd")) {
+    boolean long_ =
+        (context instanceof PreAddPartitionEvent && target.contains(".slowadd"))
+            || (context instanceof PreReadTableEvent && target.contains(".slowlong"));
+    if (long_) {
       try {
         Thread.sleep(10000);
       } catch (InterruptedException exc) {

@@ -1,0 +1,119 @@
+"""Everything a client's bytes can fill is bounded in bytes, not only in entries."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+from proxy import catalog, idl
+from proxy.cache import resp
+from proxy.cache.engine import PLAN_BYTES
+from proxy.cache.store import MemoryStore
+from proxy.memo import ITEM_OVERHEAD, BoundedMemo
+from proxy.upstream import MAX_POOLED_IDENTITY, UGI_REPLY_BYTES, Identity, UpstreamPool
+from proxy.wire.binary import MessageType, encode_header, parse_header
+from proxy.wire.framing import Message
+from tests.unit.test_cache_engine import engine
+
+MiB = 1 << 20
+
+
+def message(method: str, body: bytes) -> Message:
+    data = encode_header(method, MessageType.CALL, 1) + body
+    header = parse_header(data, 0, len(data))
+    assert header is not None
+    return Message(header, data)
+
+
+def padded_get_table(i: int, pad: int) -> bytes:
+    body = idl.encode(idl.args_class("get_table")(dbname="db", tbl_name=f"t{i}"))
+    return body[:-1] + struct.pack(">bhi", 11, 99, pad) + b"x" * pad + body[-1:]
+
+
+def test_a_bounded_memo_keeps_its_budget_and_refuses_what_would_crowd_it_out() -> None:
+    memo: BoundedMemo[int, bytes] = BoundedMemo(max_entries=1000, max_bytes=64 * 1024)
+    for i in range(10_000):
+        memo.put(i, b"x" * 500, 500)
+        assert memo.bytes <= 64 * 1024
+    assert len(memo) == 64 * 1024 // (500 + ITEM_OVERHEAD)
+    assert memo.get(9_999) is not None and memo.get(0) is None  # least recent went first
+    assert not memo.put(-1, b"", 64 * 1024 // 16 + 1)  # too big for it: not kept
+    small: BoundedMemo[int, bytes] = BoundedMemo(max_entries=1000, max_bytes=1 << 30)
+    for i in range(5_000):
+        small.put(i, b"", 0)
+    assert len(small) == 1000  # and at most this many, however small
+
+
+def test_plans_of_distinct_padded_requests_stay_within_the_plan_budget() -> None:
+    e = engine()
+    spec = catalog.lookup("get_table")
+    assert spec is not None
+    for i in range(3_000):
+        plan = e.plan_read(spec, message("get_table", padded_get_table(i, 100_000)), None)
+        assert plan is not None  # planned as usual: the padding is skipped
+    # 3,000 x 100 KB went by; the memo keeps a digest and the plan of each, not the bytes.
+    assert len(e._plans) == 3_000
+    assert e._plans.bytes < 3_000 * 1_500
+    assert e._plans.bytes <= PLAN_BYTES
+
+
+def test_requests_that_fail_to_decode_are_not_remembered() -> None:
+    e = engine()
+    spec = catalog.lookup("get_table")
+    assert spec is not None
+    for i in range(1_000):  # a string whose length runs past the end of the request
+        bad = struct.pack(">bhi", 11, 1, 1_000 + i) + b"short\x00"
+        assert e.plan_read(spec, message("get_table", bad), None) is None
+    assert len(e._plans) == 0
+
+
+def test_many_plans_of_many_partitions_stop_at_the_budget() -> None:
+    e = engine()
+    spec = catalog.lookup("get_partitions_by_names")
+    assert spec is not None
+    for i in range(4_000):
+        names = [f"ds={i}-{j}" for j in range(50)]
+        body = idl.encode(
+            idl.args_class("get_partitions_by_names")(db_name="db", tbl_name="t", names=names)
+        )
+        e.plan_read(spec, message("get_partitions_by_names", body), None)
+    assert e._plans.bytes <= PLAN_BYTES
+    assert len(e._plans) < 4_000
+
+
+def test_the_embedded_cache_counts_keys_as_well_as_values() -> None:
+    async def run() -> None:
+        store = MemoryStore(max_bytes=4 * MiB)
+        for i in range(100_000):  # tiny values (partitions remembered as absent) by long keys
+            await store.save([(f"hmsc:1:{{t:abcdef}}:p:{i:090d}", b"x" * 22, 60)], [])
+        assert store.stored_bytes <= 4 * MiB
+        assert store.entry_count < 4 * MiB // 300
+
+    asyncio.run(run())
+
+
+def test_encoded_redis_commands_are_bounded() -> None:
+    resp._ENCODED.clear()
+    for i in range(5_000):
+        resp.encode(("MGET", *(f"hmsc:1:{{t:x}}:p:{i}:{j:040d}" for j in range(30))))
+    assert resp._ENCODED.bytes <= resp._ENCODED.max_bytes
+    long = ("MGET", *(f"key-{j:060d}" for j in range(1_000)))  # 70 KB: not kept
+    resp.encode(long)
+    assert long not in resp._ENCODED
+
+
+def test_set_ugi_replies_are_bounded_and_huge_identities_not_kept() -> None:
+    from proxy.config import load
+    from proxy.metrics import Metrics
+
+    async def run() -> None:
+        pool = UpstreamPool(load({"upstream": "thrift://h:1"}, {}), Metrics())
+        reply = message("set_ugi", b"\x00")
+        for i in range(5_000):
+            pool.remember_ugi_reply(Identity(b"u" * 8_000 + str(i).encode()), reply)
+        assert pool._ugi_replies.bytes <= UGI_REPLY_BYTES
+        huge = Identity(b"g" * (MAX_POOLED_IDENTITY + 1))
+        pool.remember_ugi_reply(huge, reply)
+        assert pool.ugi_reply(huge) is None
+
+    asyncio.run(run())
