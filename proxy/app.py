@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.admin.server import AdminServer
+from proxy.admin.server import DEGRADED, DOWN, OK, AdminServer
 from proxy.admin.service import AdminService
 from proxy.cache.engine import CacheEngine
 from proxy.cache.keys import Naming
@@ -70,6 +70,12 @@ class Proxy:
         pool = UpstreamPool(options, metrics)
         cache = build_cache(options, metrics, activity) if options.cache == "on" else None
         handler = CallHandler(options, pool, metrics, cache, activity)
+
+        def status_page() -> Callable[[], bytes]:
+            """Taken on the event loop (a copy of what changes), rendered off it."""
+            snapshot, facts = activity.snapshot(), status_facts(options, cache)
+            return lambda: render(metrics, snapshot, facts)
+
         follower = None
         if cache is not None and options.notifications != "off":
             follower = NotificationFollower(options, cache, pool, metrics)
@@ -80,27 +86,31 @@ class Proxy:
             metrics,
             pool,
             ThriftServer(options, handler, metrics),
-            MetricsServer(
-                options.metrics_listen,
-                metrics,
-                lambda: render(metrics, activity, status_facts(options, cache)),
-            ),
+            MetricsServer(options.metrics_listen, metrics, status_page),
             cache,
             follower,
         )
         service = AdminService(handler, cache, metrics, follower)
         listing = ListingService(options, service, cache, metrics)
         proxy.admin = AdminServer(options, service, proxy.readiness_checks, listing)
+        admin = proxy.admin
+        proxy.http.readiness = lambda: (admin.ready, admin.last_checks)
         return proxy
 
-    async def readiness_checks(self) -> dict[str, bool]:
+    async def readiness_checks(self) -> dict[str, str]:
+        """What readiness depends on, each ``ok``, ``down`` or ``degraded`` (down, and ready
+        all the same: Redis with ``--ready-without-redis on``, calls then go to the HMS)."""
         metastore = await self.pool.probe()
         self.metrics.upstream_available.set(1 if metastore else 0)
-        checks = {"listening": self.thrift.listening, "metastore": metastore}
+        checks = {
+            "listening": OK if self.thrift.listening else DOWN,
+            "metastore": OK if metastore else DOWN,
+        }
         if self.cache is not None and self.options.redis:
             redis_ok = await self.cache.store.ping()
             self.metrics.cache_available.set(1 if redis_ok else 0)
-            checks["redis"] = redis_ok or self.options.ready_without_redis == "on"
+            degraded = self.options.ready_without_redis == "on"
+            checks["redis"] = OK if redis_ok else DEGRADED if degraded else DOWN
         return checks
 
     async def start(self) -> None:

@@ -9,6 +9,7 @@ from, with the source named; all problems are reported at once, one line each.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import tomllib
@@ -126,7 +127,11 @@ def parse_optional_marker(text: Any) -> str | None:
 def tls_problems(options: Options) -> list[str]:
     """Certificates and keys come in pairs, and every file named must be readable."""
     problems = []
-    pairs = (("tls_cert", "tls_key"), ("upstream_tls_cert", "upstream_tls_key"))
+    pairs = (
+        ("tls_cert", "tls_key"),
+        ("upstream_tls_cert", "upstream_tls_key"),
+        ("admin_tls_cert", "admin_tls_key"),
+    )
     for cert, key in pairs:
         if bool(getattr(options, cert)) != bool(getattr(options, key)):
             problems.append(f"{cert}, {key}: give both or neither")
@@ -139,6 +144,8 @@ def tls_problems(options: Options) -> list[str]:
         "upstream_tls_ca",
         "upstream_tls_cert",
         "upstream_tls_key",
+        "admin_tls_cert",
+        "admin_tls_key",
     ):
         path = getattr(options, name)
         if path and not os.access(path, os.R_OK):
@@ -147,6 +154,17 @@ def tls_problems(options: Options) -> list[str]:
     if upstream_files and options.upstream_tls != "on":
         problems.append("upstream_tls_ca/cert: set upstream_tls on to use them")
     return problems
+
+
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def collide(a: HostPort, b: HostPort) -> bool:
+    """Whether two listen addresses would fight over a port: the same port on the same
+    host, or on any host when either is a wildcard (0.0.0.0:9090 takes 127.0.0.1:9090)."""
+    if a.port != b.port or a.port == 0:
+        return False
+    return a.host == b.host or a.host in WILDCARDS or b.host in WILDCARDS
 
 
 def is_loopback(host: str) -> bool:
@@ -514,6 +532,16 @@ class Options:
         "gRPC admin API and health service (Kubernetes probes)",
         metavar="HOST:PORT",
     )
+    admin_tls_cert: str | None = _opt(
+        None,
+        parse_optional_path,
+        "PEM certificate (chain) of the admin port: TLS for the admin and listing APIs, so the "
+        "bearer token never crosses the network in the clear; with --admin-tls-key",
+        metavar="PATH",
+    )
+    admin_tls_key: str | None = _opt(
+        None, parse_optional_path, "PEM private key of --admin-tls-cert", metavar="PATH"
+    )
     admin_token_file: str | None = _opt(
         None,
         parse_optional_path,
@@ -627,11 +655,16 @@ def load(
     problems: list[str] = []
     file_values: dict[str, Any] = {}
     known = {f.name for f in option_fields()}
+    unreadable = False  # then what the file would have said is not known: say only that
     if config_file is not None:
         try:
             file_values = tomllib.loads(config_file.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            problems.append(f"config file {config_file}: {exc}")
+        except OSError as exc:
+            unreadable = True
+            problems.append(f"config file {config_file}: {exc.strerror or exc}")
+        except tomllib.TOMLDecodeError as exc:
+            unreadable = True
+            problems.append(f"config file {config_file}: not valid TOML: {exc}")
         for key in sorted(set(file_values) - known):
             problems.append(f"config file {config_file}: unknown option {key!r}")
     for key in sorted(k for k in env if k.startswith(ENV_PREFIX)):
@@ -657,7 +690,7 @@ def load(
                 problems.append(f"{source}: {exc}")
             break
     options = Options(**values)
-    if require_upstream and "upstream" not in given:
+    if require_upstream and "upstream" not in given and not unreadable:
         problems.append(
             f"upstream: no metastore given (use {flag_name('upstream')} thrift://HOST:9083 "
             f"or {env_name('upstream')})"
@@ -678,8 +711,14 @@ def load(
         except OSError as exc:
             problems.append(f"admin_token_file: {exc}")
     problems += tls_problems(options)
-    if len({options.listen, options.metrics_listen, options.admin_listen}) < 3:
-        problems.append("listen, metrics_listen and admin_listen must all differ")
+    named = {
+        "listen": options.listen,
+        "metrics_listen": options.metrics_listen,
+        "admin_listen": options.admin_listen,
+    }
+    for (a, first), (b, second) in itertools.combinations(named.items(), 2):
+        if collide(first, second):
+            problems.append(f"{a} {first} and {b} {second} would listen on the same port")
     if problems:
         raise ConfigError(problems)
     return options

@@ -43,6 +43,7 @@ from proxy.upstream import (
     UpstreamError,
     UpstreamPool,
     UpstreamProtocolError,
+    UpstreamUnavailable,
     check_reply_header,
     exchange,
     receive,
@@ -626,7 +627,11 @@ class CallHandler:
     async def _upstream_failed(
         self, client: ClientChannel, message: Message, exc: Exception
     ) -> str:
-        log.warning("call %s failed at the metastore: %s", message.header.name, exc)
+        # An unreachable metastore is logged once by the pool, not once per call.
+        quiet = isinstance(exc, UpstreamUnavailable) and "no metastore reachable" in str(exc)
+        (log.debug if quiet else log.warning)(
+            "call %s failed at the metastore: %s", message.header.name, exc
+        )
         await self._fail(
             client,
             message,

@@ -4,9 +4,11 @@ Naming follows https://prometheus.io/docs/practices/naming/: prefix ``hmsproxy_`
 units, counters ending in ``_total``. Labels are bounded: ``method`` is a method of the
 catalog or ``unknown`` (a client can send any name; it must not create series), and no
 database, table or key ever becomes a label. Counters start at zero for every label value
-they can take, so rates work from the first scrape. Latency histograms appear with a
-method's first call: started at zero for every method they would be 19 lines x 2 sources x
-~220 methods, most of them never called, in every scrape.
+they can take, so rates work from the first scrape, with one exception: the per-method
+counters start at zero for all their outcomes when a method is first called (its error
+rate then works from its first call), not for all ~220 methods at start-up, most of which
+are never called: that was 2,500 series of zeros (200 KB) in every scrape. Latency
+histograms likewise appear with a method's first call.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from proxy import __version__, catalog
-from proxy.catalog import Kind
 
 # From a sub-millisecond cache hit to a miss that runs into the engines' 10 s read timeout.
 LATENCY_BUCKETS = (
@@ -71,6 +72,33 @@ class _Children:
         return child
 
 
+class _PerMethod(_Children):
+    """Children by (method, value): the first time a method is seen, every value of the
+    second label starts at zero for it, so that its outcome ratios and error rates are
+    right from its first call without series for methods nobody calls."""
+
+    __slots__ = ("_seen", "also", "values")
+
+    def __init__(self, metric: Any, values: Iterable[str], also: _Children | None = None) -> None:
+        super().__init__(metric)
+        self.values = tuple(values)
+        self.also = also  # a per-method metric that starts at zero along with this one
+        self._seen: set[str] = set()
+
+    def labels(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            method = values[0]
+            if method not in self._seen:
+                self._seen.add(method)
+                for value in self.values:
+                    super().labels(method, value)
+                if self.also is not None:
+                    self.also.labels(method)
+            child = super().labels(*values)
+        return child
+
+
 def method_label(name: str) -> str:
     """``name`` if the catalog knows it, else ``unknown``: labels stay bounded."""
     return name if catalog.lookup(name) is not None else UNKNOWN_METHOD
@@ -84,14 +112,15 @@ class Metrics:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.requests = _Children(
+        self.requests = _PerMethod(
             Counter(
                 "hmsproxy_requests",
                 "Calls answered to clients, by method and outcome (user_error: a declared HMS "
                 "exception such as NoSuchObjectException)",
                 ["method", "outcome"],
                 registry=r,
-            )
+            ),
+            OUTCOMES,
         )
         self.request_duration = _Children(
             Histogram(
@@ -99,14 +128,6 @@ class Metrics:
                 "Time from a complete request to the last byte of its reply, by where it came from",
                 ["method", "source"],
                 buckets=LATENCY_BUCKETS,
-                registry=r,
-            )
-        )
-        self.cache_lookups = _Children(
-            Counter(
-                "hmsproxy_cache_lookups",
-                "Cache look-ups of cacheable reads, by result",
-                ["method", "result"],
                 registry=r,
             )
         )
@@ -118,6 +139,16 @@ class Metrics:
                 ["method"],
                 registry=r,
             )
+        )
+        self.cache_lookups = _PerMethod(
+            Counter(
+                "hmsproxy_cache_lookups",
+                "Cache look-ups of cacheable reads, by result",
+                ["method", "result"],
+                registry=r,
+            ),
+            LOOKUP_RESULTS,
+            also=self.stale_replies,
         )
         self.cache_partitions = _Children(
             Counter(
@@ -149,13 +180,14 @@ class Metrics:
             "Bytes written to the cache (after compression)",
             registry=r,
         )
-        self.upstream_requests = _Children(
+        self.upstream_requests = _PerMethod(
             Counter(
                 "hmsproxy_upstream_requests",
                 "Calls sent to the Hive Metastore, by outcome of the exchange",
                 ["method", "outcome"],
                 registry=r,
-            )
+            ),
+            UPSTREAM_OUTCOMES,
         )
         self.upstream_duration = _Children(
             Histogram(
@@ -316,17 +348,7 @@ class Metrics:
         self._start_at_zero(catalog.all_methods())
 
     def _start_at_zero(self, specs: Iterable[catalog.MethodSpec]) -> None:
-        names = [s.name for s in specs]
-        cacheable = [s.name for s in catalog.all_methods() if s.kind is Kind.CACHEABLE_READ]
-        for name in [*names, UNKNOWN_METHOD]:
-            for outcome in OUTCOMES:
-                self.requests.labels(name, outcome)
-            for outcome in UPSTREAM_OUTCOMES:
-                self.upstream_requests.labels(name, outcome)
-        for name in cacheable:
-            for result in LOOKUP_RESULTS:
-                self.cache_lookups.labels(name, result)
-            self.stale_replies.labels(name)
+        del specs  # per-method series start with each method's first call (see _PerMethod)
         for result in ("hit", "miss"):
             self.cache_partitions.labels(result)
         for op in CACHE_OPERATIONS:

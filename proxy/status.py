@@ -39,6 +39,8 @@ class Invalidated:
     more: int = 0  # tables beyond those shown
 
 
+_FIELDS = ("at", "reason", "scopes", "tables", "everything", "more")
+
 # Names are shown up to this long, and an invalidation names this many tables at most: a
 # client decides how long a name it sends, and a drop can name thousands.
 MAX_NAME = 200
@@ -75,6 +77,15 @@ class Activity:
         self._tables: dict[str, list[int]] = {}  # table tag -> [look-ups, hits]
         self._shown: dict[str, str] = {}  # table tag -> its name as shown
         self.recent: deque[Invalidated] = deque(maxlen=recent)
+
+    def snapshot(self) -> Activity:
+        """A copy to read from another thread (the page is rendered off the event loop)."""
+        copy = Activity(self.show_names, self.capacity, self.recent.maxlen or 20, self._secret)
+        copy.started = self.started
+        copy._tables = {tag: list(counts) for tag, counts in self._tables.items()}
+        copy._shown = dict(self._shown)
+        copy.recent.extend(Invalidated(**{f: getattr(r, f) for f in _FIELDS}) for r in self.recent)
+        return copy
 
     def name(self, table: TableRef) -> str:
         if self.show_names:

@@ -27,6 +27,7 @@ from proxy import idl
 from proxy.config import Endpoint, Options
 from proxy.memo import BoundedMemo
 from proxy.metrics import Metrics
+from proxy.tasks import background
 from proxy.tls import upstream_context
 from proxy.wire.binary import MessageType, encode_header
 from proxy.wire.errors import ProtocolError
@@ -123,6 +124,7 @@ class UpstreamPool:
         self._slots = asyncio.Condition()
         self._waiting = 0  # callers waiting in _reserve_slot for a connection to come back
         self._endpoint_failed_at: dict[Endpoint, float] = {}
+        self._down: set[Endpoint] = set()  # endpoints whose last connection attempt failed
         # The HMS's reply to each identity's set_ugi, so a client repeating it can be answered
         # without a round trip (the HMS answers the same arguments the same way).
         self._ugi_replies: BoundedMemo[Identity, Message] = BoundedMemo(
@@ -183,7 +185,7 @@ class UpstreamPool:
             self._discard(self._pop_oldest_idle())
         self._update_gauges()
         if self._waiting:  # at the limit, someone waits for exactly this
-            asyncio.get_running_loop().create_task(self._notify_slot())
+            background(self._notify_slot(), "waking a caller waiting for a connection")
 
     def discard(self, conn: UpstreamConnection) -> None:
         """Close a connection that failed or is out of step; it never goes back to the pool."""
@@ -239,7 +241,7 @@ class UpstreamPool:
         conn.close()
         self._open -= 1
         self._update_gauges()
-        asyncio.get_running_loop().create_task(self._notify_slot())
+        background(self._notify_slot(), "waking a caller waiting for a connection")
 
     async def _notify_slot(self) -> None:
         async with self._slots:
@@ -314,10 +316,19 @@ class UpstreamPool:
                 self._endpoint_failed_at[endpoint] = time.monotonic()
                 reason = "timed out" if isinstance(exc, TimeoutError) else str(exc)
                 errors.append(f"{endpoint}: {reason}")
-                log.warning("cannot connect to metastore %s: %s", endpoint, reason)
+                # Said once when it goes down (and once when it is back), not at every try:
+                # the health probe alone tries every 2 s.
+                if endpoint not in self._down:
+                    self._down.add(endpoint)
+                    log.warning("cannot connect to metastore %s: %s", endpoint, reason)
+                else:
+                    log.debug("cannot connect to metastore %s: %s", endpoint, reason)
                 continue
             self.metrics.upstream_connects.labels("ok").inc()
             self._endpoint_failed_at.pop(endpoint, None)
+            if endpoint in self._down:
+                self._down.discard(endpoint)
+                log.info("metastore %s is reachable again", endpoint)
             replies = MessageReader(
                 self.options.upstream_transport, self.options.max_reply_bytes, keep=False
             )

@@ -28,13 +28,34 @@ def common(p: argparse.ArgumentParser) -> None:
         default=os.environ.get(ENV_PREFIX + "ADMIN_TOKEN_FILE"),
         help="file with the admin bearer token (default: $HMS_CACHE_PROXY_ADMIN_TOKEN_FILE)",
     )
+    p.add_argument(
+        "--admin-ca",
+        default=os.environ.get(ENV_PREFIX + "ADMIN_CA"),
+        metavar="PATH",
+        help="PEM CA bundle: talk TLS to an admin port started with --admin-tls-cert "
+        "(default: $HMS_CACHE_PROXY_ADMIN_CA)",
+    )
+
+
+class Unusable(Exception):
+    """A command-line argument that cannot be used (a file that cannot be read)."""
 
 
 def connect(args: argparse.Namespace) -> tuple[grpc.Channel, list[tuple[str, str]]]:
     metadata = []
     if args.token_file:
-        metadata.append(("authorization", f"Bearer {Path(args.token_file).read_text().strip()}"))
+        metadata.append(("authorization", f"Bearer {_read(args.token_file, '--token-file')}"))
+    if args.admin_ca:
+        ca = _read(args.admin_ca, "--admin-ca").encode()
+        return grpc.secure_channel(args.admin, grpc.ssl_channel_credentials(ca)), metadata
     return grpc.insecure_channel(args.admin), metadata
+
+
+def _read(path: str, flag: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise Unusable(f"{flag} {path}: {exc.strerror or exc}") from exc
 
 
 def add_commands(commands: Any) -> None:
@@ -62,7 +83,11 @@ def add_commands(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    channel, metadata = connect(args)
+    try:
+        channel, metadata = connect(args)
+    except Unusable as exc:
+        print(f"hms-cache-proxy {args.command}: {exc}", file=sys.stderr)
+        return 2
     stub = pb_grpc.AdminStub(channel)  # type: ignore[no-untyped-call]
     try:
         return int(globals()[f"_{args.command}"](stub, metadata, args))
@@ -99,23 +124,44 @@ def _warm(stub: Any, metadata: list[tuple[str, str]], args: argparse.Namespace) 
         database=db, table=table, partition_filter=args.where, batch_size=args.batch
     )
     last = None
+    bar = Progress(args.target)
     for progress in stub.Warm(request, metadata=metadata):
         last = progress
         if progress.partitions_total:
-            done, total = progress.partitions_done, progress.partitions_total
-            width = 30
-            filled = int(width * done / total)
-            bar = "#" * filled + "-" * (width - filled)
-            print(
-                f"\r{args.target} [{bar}] {done}/{total} partitions",
-                end="",
-                file=sys.stderr,
-                flush=True,
-            )
-    print(file=sys.stderr)
+            bar.show(progress.partitions_done, progress.partitions_total)
+    bar.end()
     total = last.partitions_total if last else 0
     print(f"warmed {args.target}: table, partition names, {total} partitions")
     return 0
+
+
+class Progress:
+    """A progress bar redrawn in place on a terminal; elsewhere (a log, a pipe) a line at
+    each tenth of the way, without carriage returns."""
+
+    def __init__(self, label: str, out: Any = None) -> None:
+        self.label = label
+        self.out = out or sys.stderr
+        self.tty = bool(getattr(self.out, "isatty", lambda: False)())
+        self._tenth = -1
+        self._drawn = False
+
+    def show(self, done: int, total: int) -> None:
+        if self.tty:
+            filled = int(30 * done / total)
+            bar = "#" * filled + "-" * (30 - filled)
+            print(f"\r{self.label} [{bar}] {done}/{total} partitions", end="", file=self.out)
+            self.out.flush()
+            self._drawn = True
+            return
+        tenth = 10 * done // total
+        if tenth != self._tenth:
+            self._tenth = tenth
+            print(f"{self.label}: {done}/{total} partitions", file=self.out, flush=True)
+
+    def end(self) -> None:
+        if self._drawn:
+            print(file=self.out)
 
 
 def _stats(stub: Any, metadata: list[tuple[str, str]], args: argparse.Namespace) -> int:

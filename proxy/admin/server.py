@@ -29,12 +29,14 @@ from grpc_health.v1._async import HealthServicer
 from proxy.admin._gen import admin_pb2_grpc as pb_grpc
 from proxy.admin._gen import listing_pb2_grpc as listing_grpc
 from proxy.admin.service import AdminService
-from proxy.config import Options
+from proxy.config import Options, is_loopback
 from proxy.listing.service import ListingService
 
 log = logging.getLogger(__name__)
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
+# What each readiness check says; ``degraded`` is down but ready all the same.
+OK, DOWN, DEGRADED = "ok", "down", "degraded"
 READINESS = "readiness"
 CHECK_EVERY = 2.0
 
@@ -79,7 +81,7 @@ class AdminServer:
         self,
         options: Options,
         service: AdminService,
-        checks: Callable[[], Awaitable[dict[str, bool]]],
+        checks: Callable[[], Awaitable[dict[str, str]]],
         listing: ListingService | None = None,
     ) -> None:
         self.options = options
@@ -91,23 +93,48 @@ class AdminServer:
         self._task: asyncio.Task[None] | None = None
         self.port = 0
         self.ready = False
-        self.last_checks: dict[str, bool] = {}
+        self.last_checks: dict[str, str] = {}
 
     async def start(self) -> None:
         interceptors = []
         if self.options.admin_token_file:
             token = Path(self.options.admin_token_file).read_text().strip()
             interceptors.append(TokenGuard(token))
-        self._server = grpc.aio.server(interceptors=interceptors)
+        # gRPC sets SO_REUSEPORT by default: a second proxy on the same host would then
+        # listen on this port too, and admin calls reach either at random.
+        self._server = grpc.aio.server(
+            interceptors=interceptors, options=[("grpc.so_reuseport", 0)]
+        )
         pb_grpc.add_AdminServicer_to_server(self.service, self._server)  # type: ignore[no-untyped-call]
         if self.listing is not None:
             listing_grpc.add_ListingServicer_to_server(self.listing, self._server)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        self.port = self._server.add_insecure_port(str(self.options.admin_listen))
+        address = str(self.options.admin_listen)
+        try:
+            if self.options.admin_tls_cert:
+                self.port = self._server.add_secure_port(address, self._credentials())
+            else:
+                self.port = self._server.add_insecure_port(address)
+        except RuntimeError as exc:  # grpc's way of saying it could not bind
+            raise OSError(f"admin port {address}: {exc} (is another proxy using it?)") from exc
+        if not self.port:
+            raise OSError(f"admin port {address}: cannot listen (is another proxy using it?)")
+        if not self.options.admin_tls_cert and not is_loopback(self.options.admin_listen.host):
+            log.warning(
+                "admin: %s is not loopback and has no TLS (--admin-tls-cert): the admin token "
+                "crosses the network in the clear",
+                address,
+            )
         await self._server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(READINESS, health_pb2.HealthCheckResponse.NOT_SERVING)
         self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    def _credentials(self) -> grpc.ServerCredentials:
+        assert self.options.admin_tls_cert and self.options.admin_tls_key
+        key = Path(self.options.admin_tls_key).read_bytes()
+        chain = Path(self.options.admin_tls_cert).read_bytes()
+        return grpc.ssl_server_credentials([(key, chain)])
 
     async def _watch(self) -> None:
         while True:
@@ -115,22 +142,26 @@ class AdminServer:
             await asyncio.sleep(CHECK_EVERY)
 
     async def check(self) -> bool:
+        before = self.last_checks
         try:
             self.last_checks = await self.checks()
         except Exception:
             log.exception("readiness check failed")
-            self.last_checks = {"checks": False}
-        ready = all(self.last_checks.values())
-        if ready != self.ready:
-            log.info(
-                "readiness: %s (%s)",
-                "ready" if ready else "not ready",
-                ", ".join(f"{k}={'ok' if v else 'no'}" for k, v in self.last_checks.items()),
-            )
+            self.last_checks = {"checks": DOWN}
+        ready = all(v in (OK, DEGRADED) for v in self.last_checks.values())
+        if ready != self.ready or self.last_checks != before:  # said once per change
+            log.info("readiness: %s (%s)", "ready" if ready else "not ready", self.summary())
         self.ready = ready
         status = health_pb2.HealthCheckResponse
         await self.health.set(READINESS, status.SERVING if ready else status.NOT_SERVING)
         return ready
+
+    def summary(self) -> str:
+        """``listening=ok, metastore=ok, redis=down (degraded: serving from the metastore)``"""
+        return ", ".join(
+            f"{k}=down (degraded: serving from the metastore)" if v == DEGRADED else f"{k}={v}"
+            for k, v in self.last_checks.items()
+        )
 
     async def not_ready(self) -> None:
         """Draining: take the proxy out of rotation, stay alive."""

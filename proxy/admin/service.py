@@ -38,6 +38,12 @@ class MetastoreFailure(LookupError):
     def not_found(self) -> bool:
         return type(self.exception).__name__ in ("NoSuchObjectException", "UnknownDBException")
 
+    @property
+    def status(self) -> grpc.StatusCode:
+        """NOT_FOUND for a missing object; INVALID_ARGUMENT for what the metastore refused
+        (a partition filter it cannot parse is a MetaException)."""
+        return grpc.StatusCode.NOT_FOUND if self.not_found else grpc.StatusCode.INVALID_ARGUMENT
+
 
 class _Keeper:
     """A client channel that keeps the reply instead of sending it anywhere."""
@@ -135,7 +141,27 @@ class AdminService(pb_grpc.AdminServicer):
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE, "the cache store is unavailable; kept pending"
             )
+        missing = await self._missing(request.database, request.table)
+        if missing:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"{missing} does not exist at the metastore (its cached 'not found' answers, "
+                "if any, were dropped)",
+            )
         return pb.InvalidateReply(scopes=len(plan.bumps))
+
+    async def _missing(self, db: str, table: str) -> str | None:
+        """``db`` or ``db.table`` if the metastore does not have it (unknown: ``None``)."""
+        try:
+            if table:
+                await self.call("get_table", dbname=db, tbl_name=table)
+            else:
+                await self.call("get_database", name=db)
+        except MetastoreFailure as exc:
+            return f"{db}.{table}" if table and exc.not_found else db if exc.not_found else None
+        except RuntimeError:
+            return None
+        return None
 
     async def _tables_of(self, db: str) -> list[str]:
         return list(await self.call("get_all_tables", db_name=db))
@@ -232,8 +258,8 @@ class AdminService(pb_grpc.AdminServicer):
                     partitions_total=len(names),
                     partitions_done=min(len(names), start + len(chunk)),
                 )
-        except LookupError as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except MetastoreFailure as exc:  # as the listing API says it (a bad filter, ...)
+            await context.abort(exc.status, str(exc))
         except RuntimeError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         yield pb.WarmProgress(stage="done", partitions_total=len(names), partitions_done=len(names))

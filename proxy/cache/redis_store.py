@@ -35,6 +35,7 @@ from proxy.cache.plan import Bump
 from proxy.cache.store import FENCED, CacheUnavailable, Found, Versions, new_epoch
 from proxy.metrics import Metrics
 from proxy.retry import Backoff
+from proxy.tasks import background
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +248,7 @@ class RedisStore:
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
-                asyncio.get_running_loop().create_task(client.aclose())
+                background(client.aclose(), "closing a redis client")
         for conn in self._fast.values():
             conn.close()
         self._fast.clear()

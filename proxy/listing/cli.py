@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
 
 from proxy.admin._gen import listing_pb2 as pb
 from proxy.admin._gen import listing_pb2_grpc as pb_grpc
-from proxy.admin.cli import common, connect
+from proxy.admin.cli import Unusable, common, connect
 from proxy.cache.keys import PartitionNameError, parse_partition_name
 
 COMMANDS = ("splits", "ls")
@@ -63,7 +64,11 @@ def run(args: argparse.Namespace) -> int:
     if not table:
         print(f"hms-cache-proxy {args.command}: give db.table", file=sys.stderr)
         return 2
-    channel, metadata = connect(args)
+    try:
+        channel, metadata = connect(args)
+    except Unusable as exc:
+        print(f"hms-cache-proxy {args.command}: {exc}", file=sys.stderr)
+        return 2
     stub = pb_grpc.ListingStub(channel)  # type: ignore[no-untyped-call]
     try:
         if args.command == "splits":
@@ -153,6 +158,15 @@ def _ls(
         how = "cached" if listing.from_cache else "live"
         state = "sealed" if listing.sealed else "open"
         print(f"# {listing.location} ({state}, {how}, {len(listing.files)} files)")
+        if listing.files:
+            print(f"{'bytes':>14}  {'modified (UTC)':19}  path")
         for f in listing.files:
-            print(f"{f.size:>14,}  {f.modification_time_ms:>14}  {f.path}")
+            print(f"{f.size:>14,}  {_when(f.modification_time_ms)}  {f.path}")
     return 0
+
+
+def _when(ms: int) -> str:
+    """A file's modification time, as people read it."""
+    if ms <= 0:
+        return f"{'-':19}"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")

@@ -325,8 +325,7 @@ async def _guarded(work: Awaitable[T], context: Context) -> T:
     except RequestError as exc:
         await context.abort(exc.code, str(exc))
     except MetastoreFailure as exc:
-        code = grpc.StatusCode.NOT_FOUND if exc.not_found else grpc.StatusCode.INVALID_ARGUMENT
-        await context.abort(code, str(exc))
+        await context.abort(exc.status, str(exc))
     except RuntimeError as exc:  # the metastore could not be reached
         await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
     raise AssertionError("unreachable: abort raises")

@@ -60,8 +60,10 @@ def skip_value(buf: bytes, pos: int, ttype: int, depth: int = 0) -> int:
     return end
 
 
-def field_spans(buf: bytes, start: int = 0) -> tuple[list[FieldSpan], int]:
+def field_spans(buf: bytes, start: int = 0, depth: int = 0) -> tuple[list[FieldSpan], int]:
     """The fields of the struct at ``start``, and the offset just past its STOP byte."""
+    if depth > 64:
+        raise ProtocolError("nested too deeply")
     spans: list[FieldSpan] = []
     pos = start
     while True:
@@ -71,13 +73,13 @@ def field_spans(buf: bytes, start: int = 0) -> tuple[list[FieldSpan], int]:
         if ttype == TType.STOP:
             return spans, pos + 1
         _, fid = _FIELD.unpack_from(buf, pos)
-        end = skip_value(buf, pos + 3, ttype)
+        end = skip_value(buf, pos + 3, ttype, depth)
         spans.append(FieldSpan(fid, ttype, pos, pos + 3, end))
         pos = end
 
 
 def struct_end(buf: bytes, start: int, depth: int = 0) -> int:
-    return field_spans(buf, start)[1]
+    return field_spans(buf, start, depth)[1]
 
 
 def find(spans: list[FieldSpan], fid: int) -> FieldSpan | None:

@@ -383,14 +383,17 @@ def java_properties(text: str) -> dict[str, str]:
 
 
 def documented_secrets() -> dict[str, set[str]]:
-    """Secret name -> keys, from the `kubectl create secret generic` commands in the docs."""
+    """Secret name -> keys, from the `kubectl create secret generic|tls` commands in the
+    docs (a tls Secret has the keys tls.crt and tls.key)."""
     text = DOCS.read_text().replace("\\\n", " ")
     secrets: dict[str, set[str]] = {}
     for line in text.splitlines():
-        match = re.search(r"kubectl\b.*\bcreate secret generic\s+([\w.-]+)(.*)", line)
+        match = re.search(r"kubectl\b.*\bcreate secret (generic|tls)\s+([\w.-]+)(.*)", line)
         if match:
-            keys = re.findall(r"--from-(?:literal|file)=([\w.-]+)=", match.group(2))
-            secrets.setdefault(match.group(1), set()).update(keys)
+            keys = set(re.findall(r"--from-(?:literal|file)=([\w.-]+)=", match.group(3)))
+            if match.group(1) == "tls":
+                keys = {"tls.crt", "tls.key"}
+            secrets.setdefault(match.group(2), set()).update(keys)
     return secrets
 
 
@@ -546,27 +549,35 @@ def test_the_proxy_starts_with_its_configuration_and_is_probed_as_it_expects(
         options = proxy_options(docs, pod, c, tmp_path / str(n))
         where = f"{rel}: {c['name']}"
 
-        # Health on the admin port: the kubelet connects to the pod IP, so not loopback (and
-        # then load() has insisted on the token file, which is mounted).
+        # Health: HTTP probes, /readyz and /healthz on the metrics port (the kubelet's gRPC
+        # probes cannot speak TLS, and reach the pod IP only). The admin port is either the
+        # pod's own (loopback) or speaks TLS: its token never crosses the network in clear.
         admin = options.admin_listen
-        assert not is_loopback(admin.host), f"{where}: probes cannot reach {admin}"
-        for kind, service in (
-            ("startupProbe", "readiness"),
-            ("readinessProbe", "readiness"),
-            ("livenessProbe", ""),
+        assert is_loopback(admin.host) or options.admin_tls_cert, (
+            f"{where}: the admin token would cross the network in the clear"
+        )
+        assert not is_loopback(options.metrics_listen.host), f"{where}: probes cannot reach it"
+        ports = port_numbers(c)
+        for kind, path in (
+            ("startupProbe", "/readyz"),
+            ("readinessProbe", "/readyz"),
+            ("livenessProbe", "/healthz"),
         ):
             assert kind in c, f"{where}: no {kind}"
-            grpc = c[kind].get("grpc")
-            assert grpc is not None, f"{where}: {kind} is not a gRPC health check"
-            assert grpc["port"] == admin.port, f"{where}: {kind} probes {grpc['port']}"
-            assert grpc.get("service", "") == service, f"{where}: {kind} service"
+            http = c[kind].get("httpGet")
+            assert http is not None, f"{where}: {kind} is not an HTTP probe"
+            port = ports.get(http["port"], http["port"])
+            assert port == options.metrics_listen.port, f"{where}: {kind} probes {port}"
+            assert http["path"] == path, f"{where}: {kind} path"
 
         # Declared ports are ports the proxy listens on; the ones reached from outside the pod
         # are declared.
         listening = {options.listen.port, options.metrics_listen.port, admin.port}
         declared = set(port_numbers(c).values())
         assert declared <= listening, f"{where}: declares {declared - listening}"
-        assert {options.metrics_listen.port, admin.port} <= declared, where
+        assert options.metrics_listen.port in declared, where
+        if not is_loopback(admin.host):
+            assert admin.port in declared, f"{where}: admin port not declared"
         if not is_loopback(options.listen.host):
             assert options.listen.port in declared, f"{where}: Thrift port not declared"
 

@@ -150,3 +150,26 @@ def test_kubernetes_service_links_are_not_mistaken_for_options() -> None:
     assert load(UP, env).listen.port == 9083
     with pytest.raises(ConfigError, match="HMS_CACHE_PROXY_PORTS: unknown option"):
         load(UP, {"HMS_CACHE_PROXY_PORTS": "1"})
+
+
+def test_listen_addresses_that_share_a_port_collide() -> None:
+    from proxy.config import collide
+
+    assert collide(HostPort("0.0.0.0", 9090), HostPort("127.0.0.1", 9090))
+    assert collide(HostPort("127.0.0.1", 9090), HostPort("127.0.0.1", 9090))
+    assert collide(HostPort("::", 9090), HostPort("10.0.0.1", 9090))
+    assert not collide(HostPort("127.0.0.1", 9090), HostPort("127.0.0.2", 9090))
+    assert not collide(HostPort("0.0.0.0", 9090), HostPort("0.0.0.0", 9091))
+    with pytest.raises(ConfigError, match="same port"):
+        load({**UP, "metrics_listen": "0.0.0.0:9191", "admin_listen": "127.0.0.1:9191"}, {})
+
+
+def test_an_unreadable_config_file_is_its_only_problem(tmp_path: Path) -> None:
+    broken = tmp_path / "proxy.toml"
+    broken.write_text("upstream = \n")
+    with pytest.raises(ConfigError) as err:
+        load({}, {}, broken)
+    assert len(err.value.problems) == 1 and "not valid TOML" in err.value.problems[0]
+    with pytest.raises(ConfigError) as err:
+        load({}, {}, tmp_path / "missing.toml")
+    assert len(err.value.problems) == 1
