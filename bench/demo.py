@@ -1,6 +1,7 @@
 """The proxy's main job, end to end, on this machine.
 
     ./scripts/demo.sh            (or: .venv/bin/python -m bench.demo [--rounds N])
+    ./scripts/demo.sh --keep-running     and leave it all running, with commands to try
 
 1. starts a real Hive Metastore 2.3.10 from the pyspark jars (Derby, in a temporary folder);
 2. starts a Redis server if ``redis-server`` is installed (else the proxy's embedded cache);
@@ -21,8 +22,10 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hmsclient.genthrift.hive_metastore import ttypes as t
@@ -196,113 +199,178 @@ def listing_demo(proxy: ProxyProcess, warehouse: Path, names: list[str]) -> None
             f" ({plan.small_files:,} under 32 MiB); compacted into {plan.compacted_files} files:"
             f" {plan.compacted_splits} splits"
         )
-    print(f"  (try: hms-cache-proxy splits {DB}.{TABLE} --admin 127.0.0.1:{proxy.admin_port})")
 
 
-def main() -> None:
+def try_it(
+    work: Path, hms: MetastoreServer, redis: RedisServer | None, proxy: ProxyProcess
+) -> None:
+    """Leave everything running and say how to use it (the README's commands, live ports)."""
+    admin = f"--admin 127.0.0.1:{proxy.admin_port}"
+    cli = ".venv/bin/hms-cache-proxy"
+    pids = [p.pid for p in (hms.process, redis.process if redis else None, proxy.process) if p]
+    stop = work / "stop.sh"
+    stop.write_text("#!/bin/sh\n" + "".join(f"kill {pid} 2>/dev/null\n" for pid in pids))
+    stop.chmod(0o755)
+    print(
+        f"""
+The metastore, {"Redis, " if redis else ""}and the proxy keep running. Point a client at
+thrift://127.0.0.1:{proxy.port}, open http://127.0.0.1:{proxy.metrics_port}/ (the status
+page), or try:
+
+  {cli} stats {admin}
+  {cli} warm {DB}.{TABLE} --where 'ds >= "2024-03-01"' {admin}
+  {cli} invalidate {DB}.{TABLE} --partition ds=2024-01-01 {admin}
+  {cli} splits {DB}.{TABLE} --where "ds <= '2024-01-20'" --engine trino {admin}
+  {cli} ls {DB}.{TABLE} --partition ds=2024-01-01 {admin}
+
+Stop them with {stop} (logs and data are in {work})."""
+    )
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=50, help="query rounds on each side")
+    parser.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="leave the metastore, Redis and the proxy running, and print commands to try",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hms-cache-proxy-demo-"))
     hms = MetastoreServer(work / "hms")
     redis = RedisServer(work / "redis") if shutil.which("redis-server") else None
     proxy: ProxyProcess | None = None
+    doing = "starting"
 
     def step(text: str) -> None:
+        nonlocal doing
+        doing = text
         print(f"* {text}", flush=True)
 
+    ok = False
     try:
         step("starting a Hive Metastore 2.3.10 (pyspark jars, Derby)")
         hms.start()
         extra: list[str] = []
         if redis is not None:
+            step("starting redis-server")
             redis.start()
             extra = ["--redis", redis.url]
-            step(f"started redis-server on port {redis.port}")
         else:
-            step("redis-server not installed: the proxy uses its embedded cache")
+            print("  (redis-server not installed: the proxy uses its embedded cache)")
         extra += ["--seal-marker", "sealed=true"]
+        step("starting the proxy")
         proxy = ProxyProcess(work, hms.uri, "--log-level", "warning", *extra).start()
-        step(
-            f"proxy listening on 127.0.0.1:{proxy.port} -> {hms.uri}"
-            f" (metrics on :{proxy.metrics_port})"
+        print(
+            f"  proxy listening on 127.0.0.1:{proxy.port} -> {hms.uri}"
+            f" (metrics on :{proxy.metrics_port}, admin on :{proxy.admin_port})"
         )
+        step(f"creating {DB}.{TABLE} with {PARTITIONS} partitions through the proxy")
         names = build_table(proxy.port, hms.warehouse.as_uri())
-        step(f"created {DB}.{TABLE} with {len(names)} partitions through the proxy")
-
-        calls = workload(names)
-        direct, proxied = TimedConnection(hms.port), TimedConnection(proxy.port)
-        lengths = {}
-        for _, request in calls:
-            lengths[request] = direct.reply_length(request)
-            assert proxied.reply_length(request) == lengths[request]
-        step(
-            f"running {args.rounds} query rounds ({len(calls)} calls each)"
-            " through the proxy and directly, interleaved"
-        )
-        d_times: dict[str, list[float]] = {}
-        p_times: dict[str, list[float]] = {}
-        started = time.monotonic()
-        for _ in range(args.rounds):
-            timed_round(proxied, calls, lengths, p_times)
-            timed_round(direct, calls, lengths, d_times)
-        with client("127.0.0.1", proxy.port) as c:  # a write through the proxy
-            part = c.get_partition_by_name(DB, TABLE, names[0])
-            part.parameters["numRows"] = "101"
-            c.alter_partition(DB, TABLE, part)
-        elapsed = time.monotonic() - started
-        direct.close()
-        proxied.close()
-
-        metrics = proxy.metrics()
-        print()
-        print(f"Summary ({args.rounds} rounds in {elapsed:.1f} s)")
-        print(
-            f"{'method':32} {'calls':>6} {'ok':>6} {'errors':>6}"
-            f" {'direct p50':>11} {'proxy p50':>10} {'hits':>6}"
-        )
-
-        def sample(metric: str, **labels: str) -> float:
-            return metrics.get((metric, tuple(sorted(labels.items()))), 0.0)
-
-        for name in sorted(set(d_times) | {"alter_partition", "add_partitions", "create_table"}):
-            ok = sample("hmsproxy_requests_total", method=name, outcome="ok")
-            errors = sum(
-                sample("hmsproxy_requests_total", method=name, outcome=o)
-                for o in ("user_error", "upstream_error", "internal_error")
-            )
-            hits = sample("hmsproxy_cache_lookups_total", method=name, result="hit")
-            dp = f"{statistics.median(d_times[name]) * 1000:.2f} ms" if name in d_times else "-"
-            pp = f"{statistics.median(p_times[name]) * 1000:.2f} ms" if name in p_times else "-"
-            print(
-                f"{name:32} {int(ok + errors):>6} {int(ok):>6} {int(errors):>6}"
-                f" {dp:>11} {pp:>10} {int(hits):>6}"
-            )
-        total_direct = sum(sum(v) for v in d_times.values())
-        total_proxy = sum(sum(v) for v in p_times.values())
-        print(
-            f"\nmetastore time for the whole workload: direct {total_direct:.2f} s,"
-            f" through the proxy {total_proxy:.2f} s"
-        )
-        upstream = sum(
-            v for (n, _), v in metrics.items() if n == "hmsproxy_upstream_requests_total"
-        )
-        opened = sample("hmsproxy_upstream_connects_total", result="ok")
-        print(
-            f"calls the proxy sent to the metastore: {int(upstream)};"
-            f" connections it opened: {int(opened)}"
-        )
+        run_workload(proxy, hms, names, args.rounds, step)
+        step("listing files and planning splits over gRPC")
         listing_demo(proxy, hms.warehouse, names)
+        ok = True
+    except (Exception, KeyboardInterrupt) as exc:
+        what = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(
+            f"demo failed while {doing}: {what} -- logs kept in {work} (hms/hms.log, proxy-*.log)",
+            file=sys.stderr,
+        )
     finally:
-        if proxy is not None:
-            proxy.stop()
-        if redis is not None:
-            redis.stop()
-        hms.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        if ok and args.keep_running and proxy is not None:
+            try_it(work, hms, redis, proxy)
+        else:
+            if proxy is not None:
+                proxy.stop()
+            if redis is not None:
+                redis.stop()
+            hms.stop()
+            if ok:
+                shutil.rmtree(work, ignore_errors=True)
+    return 0 if ok else 1
+
+
+def run_workload(
+    proxy: ProxyProcess,
+    hms: MetastoreServer,
+    names: list[str],
+    rounds: int,
+    step: Callable[[str], None],
+) -> None:
+    calls = workload(names)
+    direct, proxied = TimedConnection(hms.port), TimedConnection(proxy.port)
+    lengths = {}
+    for _, request in calls:
+        lengths[request] = direct.reply_length(request)
+        if proxied.reply_length(request) != lengths[request]:
+            raise RuntimeError("a reply through the proxy differs from the metastore's")
+    step(
+        f"running {rounds} query rounds ({len(calls)} calls each)"
+        " through the proxy and directly, interleaved"
+    )
+    d_times: dict[str, list[float]] = {}
+    p_times: dict[str, list[float]] = {}
+    started = time.monotonic()
+    for _ in range(rounds):
+        timed_round(proxied, calls, lengths, p_times)
+        timed_round(direct, calls, lengths, d_times)
+    with client("127.0.0.1", proxy.port) as c:  # a write through the proxy
+        part = c.get_partition_by_name(DB, TABLE, names[0])
+        part.parameters["numRows"] = "101"
+        c.alter_partition(DB, TABLE, part)
+    elapsed = time.monotonic() - started
+    direct.close()
+    proxied.close()
+    summary(proxy, rounds, elapsed, d_times, p_times)
+
+
+def summary(
+    proxy: ProxyProcess,
+    rounds: int,
+    elapsed: float,
+    d_times: dict[str, list[float]],
+    p_times: dict[str, list[float]],
+) -> None:
+    metrics = proxy.metrics()
+    print()
+    print(f"Summary ({rounds} rounds in {elapsed:.1f} s)")
+    print(
+        f"{'method':32} {'calls':>6} {'ok':>6} {'errors':>6}"
+        f" {'direct p50':>11} {'proxy p50':>10} {'hits':>6}"
+    )
+
+    def sample(metric: str, **labels: str) -> float:
+        return metrics.get((metric, tuple(sorted(labels.items()))), 0.0)
+
+    for name in sorted(set(d_times) | {"alter_partition", "add_partitions", "create_table"}):
+        ok = sample("hmsproxy_requests_total", method=name, outcome="ok")
+        errors = sum(
+            sample("hmsproxy_requests_total", method=name, outcome=o)
+            for o in ("user_error", "upstream_error", "internal_error")
+        )
+        hits = sample("hmsproxy_cache_lookups_total", method=name, result="hit")
+        dp = f"{statistics.median(d_times[name]) * 1000:.2f} ms" if name in d_times else "-"
+        pp = f"{statistics.median(p_times[name]) * 1000:.2f} ms" if name in p_times else "-"
+        print(
+            f"{name:32} {int(ok + errors):>6} {int(ok):>6} {int(errors):>6}"
+            f" {dp:>11} {pp:>10} {int(hits):>6}"
+        )
+    total_direct = sum(sum(v) for v in d_times.values())
+    total_proxy = sum(sum(v) for v in p_times.values())
+    print(
+        f"\nmetastore time for the whole workload: direct {total_direct:.2f} s,"
+        f" through the proxy {total_proxy:.2f} s"
+    )
+    upstream = sum(v for (n, _), v in metrics.items() if n == "hmsproxy_upstream_requests_total")
+    opened = sample("hmsproxy_upstream_connects_total", result="ok")
+    print(
+        f"calls the proxy sent to the metastore: {int(upstream)};"
+        f" connections it opened: {int(opened)}"
+    )
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -3,7 +3,7 @@
 # Tests start their own Hive Metastore, Redis servers and proxies on free loopback ports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+./scripts/setup.sh --test
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
