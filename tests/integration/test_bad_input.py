@@ -296,5 +296,6 @@ def test_distinct_padded_and_malformed_requests_leave_memory_within_budget(
                 ugi = idl.encode_call("set_ugi", j, user_name=f"u{j}", group_names=["g" * 8000])
                 conn.call(ugi)
     grown = proxy.rss_bytes() - before
+    print(f"RSS grew {grown / MiB:.0f} MiB for {len(requests) + 2_000:,} distinct requests")
     assert grown < MEMO_BUDGET + cache + 24 * MiB, f"grew {grown / MiB:.0f} MiB"
     _good_call(proxy, sample)
