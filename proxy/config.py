@@ -514,9 +514,10 @@ class Options:
     iceberg_expected_location: str = _opt(
         "on",
         choice("on", "off"),
-        "add expected_parameter_key=metadata_location (HIVE-26882) to an Iceberg commit that "
-        "lacks it, so that the metastore refuses a commit on a stale base instead of "
-        "replacing another writer's commit",
+        "add expected_parameter_key=metadata_location (HIVE-26882) to an Iceberg commit (an "
+        "alter that moves the table's metadata_location; one get_table to tell) that lacks "
+        "it, so that the metastore refuses a commit on a stale base instead of replacing "
+        "another writer's commit",
         metavar="on|off",
     )
     stale_if_error: float = _opt(

@@ -63,6 +63,7 @@ class NotificationFollower:
         self.token = os.urandom(12).hex()
         self.lease_key = engine.naming.coordination("follower")
         self.last_key = engine.naming.coordination("last_event")
+        self.verdict_key = engine.naming.coordination("log_followed")
         self.state = FollowerState()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -80,9 +81,11 @@ class NotificationFollower:
 
     @property
     def following(self) -> bool:
-        """Whether writes that bypass the proxy are seen within a poll (the log is followed,
-        by this proxy or by the one holding the lease, and it moves with writes)."""
-        return self.state.enabled and self.state.active
+        """Whether writes that bypass the proxy are seen within a poll: the log is followed,
+        by this proxy or by the one holding the lease (which says so in the store), it moves
+        with writes, and the last poll (or lease check) was a few polls ago at most."""
+        recent = time.time() - self._last_success < self._fresh_for()
+        return self.state.enabled and self.state.active and recent
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run())
@@ -150,6 +153,8 @@ class NotificationFollower:
             # The lag is the leader's to report; a standby's last figures would go stale.
             self.metrics.notification_lag_events.set(0)
             self.metrics.notification_lag_seconds.set(0)
+            # Whether the log is followed is the leader's to say, too (its word expires).
+            self.state.active = await store.get(self.verdict_key) == b"1"
             self._succeeded()
             return
         head = await self._current_id()
@@ -191,7 +196,17 @@ class NotificationFollower:
         self.state.last_applied = last
         self._lag(head, last, [])
         self._check_log_is_written(head)
+        await self._publish()
         self._succeeded()
+
+    async def _publish(self) -> None:
+        """Tell the standbys whether the log is followed (for --cache-iceberg-tables auto);
+        the word lasts a few polls, so a leader that stops polling stops vouching."""
+        verdict = b"1" if self.state.active else b"0"
+        await self.engine.store.put(self.verdict_key, verdict, self._fresh_for())
+
+    def _fresh_for(self) -> float:
+        return max(3 * self.options.notification_poll, self.options.follower_lease)
 
     def _succeeded(self) -> None:
         self._last_success = time.time()
@@ -217,6 +232,7 @@ class NotificationFollower:
         )
         self.state.last_applied = head
         self._lag(head, head, [])
+        await self._publish()
         self._succeeded()
 
     def _lag(self, head: int, last: int, events: list[Event]) -> None:

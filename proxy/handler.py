@@ -377,7 +377,7 @@ class CallHandler:
             plan = await self.cache.expand(plan, lambda db: self._list_tables(session, db))
         if spec is None:
             log.warning("unknown method %s may change metadata: the cache is flushed", header.name)
-        request = self._guarded_commit(message) if spec is not None else None
+        request = await self._guarded_commit(session, message) if spec is not None else None
         intent = await self.cache.begin_write(plan)
         try:
             reply = await self._call(
@@ -391,7 +391,7 @@ class CallHandler:
         await client.send(client.transport.frame(reply.data))
         return result_outcome(reply.header.type, reply.body[:3])
 
-    def _guarded_commit(self, message: Message) -> bytes | None:
+    async def _guarded_commit(self, session: SessionState, message: Message) -> bytes | None:
         """An Iceberg commit with the metastore's own check of its base added (see
         :mod:`proxy.iceberg`), or ``None`` to forward the call as it came."""
         h = message.header
@@ -401,11 +401,41 @@ class CallHandler:
             args = idl.decode_args(h.name, message.body)
         except ProtocolError:
             return None
-        body = iceberg.guarded_commit(h.name, args, message.body)
+        commit = iceberg.commit_shape(h.name, args)
+        if commit is None:
+            return None
+        # Only an alter that moves metadata_location is a commit; one that keeps it (a
+        # rename, a property change) must not be checked against its previous location.
+        current = await self._current_location(session, commit.db, commit.table)
+        if current is None or current == commit.location:
+            return None
+        body = iceberg.with_expected_location(args, message.body, commit.previous)
         if body is None:
             return None
         log.debug("%s: the metastore checks the base of this Iceberg commit", h.name)
         return encode_header(h.name, h.type, h.seqid) + body
+
+    async def _current_location(self, session: SessionState, db: str, table: str) -> str | None:
+        """The table's metadata_location at the metastore now (``None``: unknown)."""
+        if session.pinned is not None:
+            return None  # its connection is the client's own: leave its calls alone
+        request = idl.encode_call("get_table", 0, dbname=db, tbl_name=table)
+        try:
+            conn = await self.pool.acquire(session.identity)
+        except UpstreamError:
+            return None
+        try:
+            reply = await exchange(conn, request, "get_table", 0, self.options, OWN_CALL_TIMEOUT)
+        except UpstreamError:
+            self.pool.discard(conn)
+            return None
+        except BaseException:
+            self.pool.discard(conn)
+            raise
+        self.pool.release(conn, reusable=True)
+        if reply.header.type != MessageType.REPLY:
+            return None
+        return iceberg.current_location(reply.body)
 
     # -- locks -----------------------------------------------------------------------------
 

@@ -15,16 +15,20 @@ Two things follow.
   ``expected_parameter_key``/``expected_parameter_value`` in its EnvironmentContext: the HMS
   then applies it only if the parameter still has that value, in the same transaction.
   Java Iceberg sends them only in its lock-free mode and pyiceberg never does; the proxy
-  adds them to an Iceberg commit that moves ``metadata_location`` from
-  ``previous_metadata_location`` (``--iceberg-expected-location``), so a commit on a stale
-  base fails at the HMS with a ``MetaException`` instead of silently replacing another
-  writer's commit. An HMS without HIVE-26882 ignores the two keys: the commit is applied as
-  before, and only the lock fences (``proxy.cache.locks``) protect it.
+  adds them to an Iceberg commit (``--iceberg-expected-location``): an alter that moves the
+  table's ``metadata_location`` (the proxy asks the metastore for the current one: one
+  ``get_table`` per Iceberg alter) is checked against its ``previous_metadata_location``, so
+  a commit on a stale base fails at the HMS with a ``MetaException`` instead of silently
+  replacing another writer's commit. An alter that keeps ``metadata_location`` (a rename, a
+  property change) is forwarded as it came. An HMS without HIVE-26882 ignores the two keys:
+  the commit is applied as before, and only the lock fences (``proxy.cache.locks``) protect
+  it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from proxy import idl
@@ -73,23 +77,57 @@ GUARDED = frozenset({"alter_table_with_environment_context"})
 _ENV_CONTEXT_FIELD = 4  # alter_table_with_environment_context_args.environment_context
 
 
-def guarded_commit(method: str, args: Any, body: bytes) -> bytes | None:
-    """The arguments of an Iceberg commit with the HMS's compare-and-set added, or ``None``
-    to forward them unchanged. Only field 4 (the EnvironmentContext) changes; every other
-    byte, fields this proxy's IDL does not know included, stays as the client sent it."""
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """An alter of an Iceberg table that may be a commit: it names a metadata file and the
+    one before it."""
+
+    db: str
+    table: str
+    location: str  # metadata_location as the alter sets it
+    previous: str  # previous_metadata_location: the base a commit was built on
+
+
+def commit_shape(method: str, args: Any) -> Commit | None:
+    """What :func:`with_expected_location` needs, if the alter could be a commit.
+
+    The request alone cannot tell a commit from an alter that copies the table's parameters
+    as they are (a rename, a property change): both carry a ``metadata_location`` and a
+    different ``previous_metadata_location``. A commit moves ``metadata_location``; the
+    other keeps the table's current one. So the caller asks the metastore for the current
+    one and adds the check only when the alter moves it (see the handler)."""
     if method not in GUARDED:
         return None
     table = getattr(args, "new_tbl", None)
     if table is None or not is_iceberg_table(table):
         return None
     params = table.parameters
-    new, previous = params.get(METADATA_LOCATION), params.get(PREVIOUS_METADATA_LOCATION)
-    if not isinstance(new, str) or not isinstance(previous, str) or not previous or new == previous:
+    location, previous = params.get(METADATA_LOCATION), params.get(PREVIOUS_METADATA_LOCATION)
+    if not isinstance(location, str) or not isinstance(previous, str) or not previous:
+        return None
+    if location == previous:
         return None
     context = getattr(args, "environment_context", None)
-    properties = dict(getattr(context, "properties", None) or {})
-    if EXPECTED_KEY in properties:
+    if EXPECTED_KEY in (getattr(context, "properties", None) or {}):
         return None  # the client asked for its own check (Iceberg's lock-free mode)
+    db, name = getattr(args, "dbname", None), getattr(args, "tbl_name", None)
+    if not isinstance(db, str) or not isinstance(name, str):
+        return None
+    new_db, new_name = (
+        getattr(table, "dbName", None) or db,
+        getattr(table, "tableName", None) or name,
+    )
+    if str(new_db).lower() != db.lower() or str(new_name).lower() != name.lower():
+        return None  # a rename is not a commit
+    return Commit(db, name, location, previous)
+
+
+def with_expected_location(args: Any, body: bytes, previous: str) -> bytes | None:
+    """The arguments with the metastore's compare-and-set added, or ``None`` to forward them
+    unchanged. Only field 4 (the EnvironmentContext) changes; every other byte, fields this
+    proxy's IDL does not know included, stays as the client sent it."""
+    context = getattr(args, "environment_context", None)
+    properties = dict(getattr(context, "properties", None) or {})
     properties[EXPECTED_KEY] = METADATA_LOCATION
     properties[EXPECTED_VALUE] = previous
     encoded = idl.encode(idl.module().EnvironmentContext(properties=properties))
@@ -104,3 +142,14 @@ def guarded_commit(method: str, args: Any, body: bytes) -> bytes | None:
             return None
         return body[: span.start] + field + body[span.end :]
     return body[: stop - 1] + field + body[stop - 1 :]
+
+
+def current_location(body: bytes) -> str | None:
+    """``metadata_location`` of the table in a ``get_table`` result, if it has one."""
+    try:
+        result = idl.decode_result("get_table", body)
+    except ProtocolError:
+        return None
+    params = getattr(getattr(result, "success", None), "parameters", None) or {}
+    location = params.get(METADATA_LOCATION)
+    return location if isinstance(location, str) else None

@@ -73,6 +73,9 @@ class BoundedMemo(Generic[K, V]):
         self.bytes -= item[1]
         return item[0]
 
+    def values(self) -> list[V]:
+        return [value for value, _ in self._items.values()]
+
     def clear(self) -> None:
         self._items.clear()
         self.bytes = 0

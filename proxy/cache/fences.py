@@ -22,7 +22,6 @@ import contextlib
 import logging
 import os
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +31,7 @@ from proxy.cache.keys import Naming
 from proxy.cache.locks import LockPlan, LockRecord
 from proxy.cache.plan import Bump
 from proxy.cache.store import CacheUnavailable, Store
+from proxy.memo import BoundedMemo
 from proxy.metrics import Metrics
 from proxy.wire.binary import MessageType
 from proxy.wire.errors import ProtocolError
@@ -39,9 +39,11 @@ from proxy.wire.framing import Message
 
 log = logging.getLogger(__name__)
 
-# Locks and fences this proxy keeps track of in memory, at most (a client can take any
-# number of locks; the fences in the store expire by themselves, whatever is forgotten here).
+# Locks and fences this proxy keeps track of in memory, at most, in entries and in bytes (a
+# client can take any number of locks, each naming any number of tables; the fences in the
+# store expire by themselves, whatever is forgotten here).
 MAX_TRACKED = 10_000
+TRACKED_BYTES = 8 << 20
 SWEEP_SECONDS = 5.0
 
 
@@ -68,8 +70,11 @@ class LockFences:
         self.metrics = metrics
         self.seconds = seconds
         self._unapplied = unapplied  # an invalidation the store did not take: keep it pending
-        self._opened: OrderedDict[str, Ticket] = OrderedDict()  # fence id -> ticket
-        self._known: OrderedDict[int, LockRecord] = OrderedDict()  # lock id -> its fences
+        self._opened: BoundedMemo[str, Ticket] = BoundedMemo(MAX_TRACKED, TRACKED_BYTES)
+        self._known: BoundedMemo[int, LockRecord] = BoundedMemo(MAX_TRACKED, TRACKED_BYTES)
+        # Fences lifted here lately: bookkeeping that comes after the lift (a grant, an
+        # extension, in another task) must not bring them back.
+        self._lifted: BoundedMemo[str, bool] = BoundedMemo(MAX_TRACKED, 1 << 20)
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -136,7 +141,7 @@ class LockFences:
                     return  # TxnOpenException: a transaction's lock, still held
                 alive = method == "heartbeat" and not _declared(reply, method)
                 for txnid in txn_ids:  # a transaction's heartbeat keeps all its locks
-                    lock_ids += _ints(await self.store.get(locks.txn_key(self.naming, txnid)))
+                    lock_ids += await self._transaction_locks(txnid)
                 for lockid in dict.fromkeys(lock_ids):
                     if alive:
                         await self._extend(lockid, granted=False)
@@ -156,7 +161,15 @@ class LockFences:
 
     async def _locked(self, ticket: Ticket, reply: Message) -> None:
         answer = locks.read_lock_reply("lock", reply.header.type, reply.body)
-        if answer.lockid is None or answer.state not in (locks.ACQUIRED, locks.WAITING):
+        if answer.lockid is None:
+            # A declared exception (NoSuchTxn, TxnAborted) means no lock. A metastore error
+            # (a TApplicationException) does not tell: the lock may have been taken before it
+            # failed (Java Iceberg then finds it with show_locks and goes on), so the fence
+            # holds until its deadline, as when no answer came.
+            if reply.header.type == MessageType.REPLY and _declared(reply, "lock"):
+                await self._lift(ticket.record)
+            return
+        if answer.state not in (locks.ACQUIRED, locks.WAITING):
             await self._lift(ticket.record)  # refused: no lock, nothing to protect
             return
         ticket.lockid = answer.lockid
@@ -187,11 +200,13 @@ class LockFences:
         return LockRecord.decode(raw) if raw else None
 
     async def _grant(self, record: LockRecord) -> None:
+        if record.fence_id in self._lifted:
+            return
         await self.store.mark(locks.granted_items(record.fence_id, record.fences), self._deadline())
 
     async def _extend(self, lockid: int, *, granted: bool) -> None:
         record = await self._record(lockid)
-        if record is None:
+        if record is None or record.fence_id in self._lifted:
             return
         items = self._items(record)
         if granted:
@@ -204,33 +219,40 @@ class LockFences:
 
     async def _end(self, lockid: int) -> None:
         record = await self._record(lockid)
-        self._known.pop(lockid, None)
+        self._known.pop(lockid)
         if record is not None:
             await self._lift(record)
         await self.store.delete(locks.lock_key(self.naming, lockid))
 
     async def _lift(self, record: LockRecord) -> None:
+        self._lifted.put(record.fence_id, True, len(record.fence_id))
         removed = await self.store.unmark(
             self._items(record) + locks.granted_items(record.fence_id, record.fences)
         )
         if removed:  # not already ended (by an alter of the table, or another proxy)
             self.metrics.lock_fences.labels("closed").inc()
-        self._opened.pop(record.fence_id, None)
+        self._opened.pop(record.fence_id)
         self._gauge()
+
+    # A transaction's locks are fields of one hash (as fence fields are: one HSET each, so two
+    # proxies adding locks of one transaction at once lose neither).
 
     async def _add_to_transaction(self, txnid: int, lockid: int) -> None:
         key = locks.txn_key(self.naming, txnid)
-        raw = await self.store.get(key)
-        ids = [*_ints(raw), lockid]
-        await self.store.put(key, ",".join(map(str, dict.fromkeys(ids))).encode(), self._life())
+        await self.store.mark([(key, str(lockid))], self._deadline() + 60)
+
+    async def _transaction_locks(self, txnid: int) -> list[int]:
+        key = locks.txn_key(self.naming, txnid)
+        found = (await self.store.marks([key])).get(key, {})
+        return [int(name) for name in found if name.isdigit()]
 
     async def _end_transaction(self, txnid: int) -> None:
-        key = locks.txn_key(self.naming, txnid)
-        raw = await self.store.get(key)
-        for lockid in _ints(raw):
+        ids = await self._transaction_locks(txnid)
+        for lockid in ids:
             await self._end(lockid)
-        if raw:
-            await self.store.delete(key)
+        if ids:
+            key = locks.txn_key(self.naming, txnid)
+            await self.store.unmark([(key, str(lockid)) for lockid in ids])
 
     # -- bookkeeping in this process -------------------------------------------------------
 
@@ -244,15 +266,11 @@ class LockFences:
         return self.seconds + 60
 
     def _track(self, ticket: Ticket) -> None:
-        self._opened[ticket.record.fence_id] = ticket
-        while len(self._opened) > MAX_TRACKED:
-            self._opened.popitem(last=False)
+        self._opened.put(ticket.record.fence_id, ticket, ticket.record.size())
         self._gauge()
 
     def _remember(self, lockid: int, record: LockRecord) -> None:
-        self._known[lockid] = record
-        while len(self._known) > MAX_TRACKED:
-            self._known.popitem(last=False)
+        self._known.put(lockid, record, record.size())
 
     def _gauge(self) -> None:
         self.metrics.lock_fences_active.set(len(self._opened))
@@ -285,40 +303,36 @@ class LockFences:
 
     async def sweep(self) -> None:
         """Forget fences closed anywhere; count and remove those past their deadline."""
-        if not self._opened:
+        if not len(self._opened):
             return
-        tickets = list(self._opened.values())
+        tickets = self._opened.values()
         keys = sorted({f.key for t in tickets for f in t.record.fences})
         found = await self.store.marks(keys)
         now = time.time()
-        expired: list[tuple[str, str]] = []
+        # Whatever has passed its deadline on these hashes goes, whoever left it there (a
+        # proxy that died, bookkeeping that came late): look-ups read every field.
+        expired = [
+            (k, name) for k, fields in found.items() for name, d in fields.items() if d <= now
+        ]
         for ticket in tickets:
             items = self._items(ticket.record)
             deadlines = [found.get(key, {}).get(name) for key, name in items]
             live = [d for d in deadlines if d is not None]
             if not live:  # closed, here or by another proxy
-                self._opened.pop(ticket.record.fence_id, None)
+                self._opened.pop(ticket.record.fence_id)
             elif max(live) <= now:
                 expired += items + locks.granted_items(ticket.record.fence_id, ticket.record.fences)
-                self._opened.pop(ticket.record.fence_id, None)
+                self._opened.pop(ticket.record.fence_id)
                 if ticket.lockid is not None:
-                    self._known.pop(ticket.lockid, None)
+                    self._known.pop(ticket.lockid)
                 self.metrics.lock_fences.labels("expired").inc()
                 log.info(
                     "cache: a lock fence reached its deadline (%g s) without an unlock",
                     self.seconds,
                 )
         if expired:
-            await self.store.unmark(expired)
+            await self.store.unmark(sorted(set(expired)))
         self._gauge()
-
-
-def _ints(raw: bytes | None) -> list[int]:
-    out = []
-    for part in (raw or b"").split(b","):
-        with contextlib.suppress(ValueError):
-            out.append(int(part))
-    return out
 
 
 def _declared(reply: Message, method: str, name: str | None = None) -> bool:

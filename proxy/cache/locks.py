@@ -182,6 +182,10 @@ class LockRecord:
     fences: tuple[Fence, ...]
     txnid: int | None = None
 
+    def size(self) -> int:
+        """Bytes this record keeps alive, roughly."""
+        return 200 + sum(len(f.key) + len(f.field) + 120 for f in self.fences)
+
     def encode(self) -> bytes:
         return json.dumps(
             {"f": self.fence_id, "k": [[f.key, f.field] for f in self.fences], "t": self.txnid}

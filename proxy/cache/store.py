@@ -132,6 +132,7 @@ class MemoryStore:
         self._entries: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
         self._side: dict[str, bytes] = {}  # small coordination values (last event id)
         self._marks: dict[str, dict[str, float]] = {}  # lock fences, by version key
+        self._marked = 0
         self._bytes = 0
 
     @property
@@ -267,12 +268,23 @@ class MemoryStore:
         self, items: Sequence[tuple[str, str]], deadline: float, bumps: Sequence[Bump] = ()
     ) -> None:
         now = time.time()
+        self._marked += 1
+        if self._marked % 1024 == 0:  # now and then, what has expired anywhere goes
+            for key in list(self._marks):
+                self._prune(key, now)
         for key, name in items:
-            marks = self._marks.setdefault(key, {})
-            for old in [n for n, d in marks.items() if d <= now]:  # expired: tidy up
-                del marks[old]
-            marks[name] = deadline
+            self._prune(key, now)
+            self._marks.setdefault(key, {})[name] = deadline
         await self.bump(bumps)
+
+    def _prune(self, key: str, now: float) -> None:
+        marks = self._marks.get(key)
+        if marks is None:
+            return
+        for old in [n for n, d in marks.items() if d <= now]:
+            del marks[old]
+        if not marks:
+            del self._marks[key]
 
     async def unmark(self, items: Sequence[tuple[str, str]]) -> int:
         removed = 0

@@ -309,3 +309,37 @@ def test_without_the_log_iceberg_tables_are_not_served_from_the_cache(
     acked: list[str] = []
     append(direct, ident, "elsewhere", acked)
     assert len(via.load_table(ident).snapshots()) == 1  # at once
+
+
+def test_alters_that_are_not_commits_pass_with_the_check_on(
+    lock_hms: MetastoreServer, lock_proxy_factory: ProxyFactory, tmp_path: Path
+) -> None:
+    """The metastore's check is added to commits only: a rename, or an alter that copies the
+    table's parameters as they are (the table's metadata_location and an older previous one),
+    must pass as it would directly."""
+    from proxy import idl
+    from tests.rig.locking import Endpoint
+
+    proxy = lock_proxy_factory("--notifications", "off")  # the defaults otherwise
+    via = through(proxy, tmp_path)
+    ident = new_table(via)
+    acked: list[str] = []
+    for i in range(2):  # now metadata_location and previous_metadata_location differ
+        append(via, ident, f"row-{i}", acked)
+    namespace, name = ident.split(".")
+    at = Endpoint("127.0.0.1", proxy.port)
+    table = at.table(namespace, name)
+    assert table.parameters["previous_metadata_location"] != table.parameters["metadata_location"]
+    table.parameters["owner_note"] = "changed by hand"
+    result = at.call(
+        "alter_table_with_environment_context",
+        dbname=namespace,
+        tbl_name=name,
+        new_tbl=table,
+        environment_context=idl.module().EnvironmentContext(properties={}),
+    )
+    assert result.o1 is None and result.o2 is None, result
+    via.rename_table(ident, f"{namespace}.renamed")
+    assert tags(catalog(lock_hms.uri, tmp_path), f"{namespace}.renamed") == sorted(acked)
+    append(via, f"{namespace}.renamed", "after", acked)  # and commits still work
+    assert tags(catalog(lock_hms.uri, tmp_path), f"{namespace}.renamed") == sorted(acked)

@@ -18,8 +18,9 @@ from proxy.cache.locks import Fence, LockRecord
 from proxy.cache.plan import Bump
 from proxy.cache.store import MemoryStore
 from proxy.metrics import Metrics
-from proxy.wire.binary import MessageType, TType
+from proxy.wire.binary import MessageType, TType, parse_header
 from proxy.wire.fields import field_spans
+from proxy.wire.framing import Message
 from tests.unit.test_cache_core import NAMING, PLANNER, read_plan, write_plan
 from tests.unit.test_cache_engine import GET_TABLE, TABLE, fill, reply
 
@@ -188,6 +189,23 @@ def test_a_refused_lock_lifts_its_fence(answer: Any) -> None:
     asyncio.run(run())
 
 
+def test_a_metastore_error_on_lock_keeps_the_fence() -> None:
+    """A TApplicationException does not say whether the lock was taken (Java Iceberg then
+    looks for it with show_locks and goes on): the read inside it must stay fenced."""
+    from proxy.wire.binary import AppErrorType, encode_application_exception
+
+    async def run() -> None:
+        e = engine()
+        ticket = await e.locks.before_lock(lock_body(component()))
+        data = encode_application_exception("lock", 1, AppErrorType.INTERNAL_ERROR, "boom")
+        header = parse_header(data, 0, len(data))
+        assert header is not None
+        await settle(e, "lock", lock_args(component()), Message(header, data), ticket)
+        assert (await e.lookup(GET_TABLE)).result is Result.BYPASS
+
+    asyncio.run(run())
+
+
 ALTER = write_plan(
     "alter_table", dbname="db", tbl_name="t", new_tbl=M.Table(tableName="t", dbName="db")
 )
@@ -309,7 +327,9 @@ def test_the_metastores_check_is_added_to_an_iceberg_commit_and_nothing_else_cha
     # A field this proxy's IDL does not know, as a newer client might send: kept as it is.
     unknown = bytes((TType.STRING,)) + (99).to_bytes(2, "big") + (3).to_bytes(4, "big") + b"new"
     body = body[:-1] + unknown + body[-1:]
-    guarded = iceberg.guarded_commit("alter_table_with_environment_context", args, body)
+    commit = iceberg.commit_shape("alter_table_with_environment_context", args)
+    assert commit is not None and commit.previous == "s3://b/t/metadata/00001.json"
+    guarded = iceberg.with_expected_location(args, body, commit.previous)
     assert guarded is not None
     decoded = idl.decode_args("alter_table_with_environment_context", guarded)
     assert decoded.environment_context.properties == {
@@ -327,29 +347,41 @@ def test_the_metastores_check_is_added_to_an_iceberg_commit_and_nothing_else_cha
 
 def test_the_check_is_added_where_there_was_no_context() -> None:
     args = commit_args(ICEBERG_PARAMS, None)
-    guarded = iceberg.guarded_commit(
-        "alter_table_with_environment_context", args, bytes(idl.encode(args))
-    )
+    guarded = iceberg.with_expected_location(args, bytes(idl.encode(args)), "s3://b/1.json")
     assert guarded is not None
     props = idl.decode_args("alter_table_with_environment_context", guarded).environment_context
-    assert props.properties["expected_parameter_value"] == "s3://b/t/metadata/00001.json"
+    assert props.properties["expected_parameter_value"] == "s3://b/1.json"
 
 
 @pytest.mark.parametrize(
-    ("params", "context"),
+    ("params", "context", "renamed"),
     [
-        ({**ICEBERG_PARAMS, "table_type": "HIVE"}, {}),  # not Iceberg
-        ({**ICEBERG_PARAMS, "previous_metadata_location": ICEBERG_PARAMS["metadata_location"]}, {}),
-        ({k: v for k, v in ICEBERG_PARAMS.items() if k != "previous_metadata_location"}, {}),
-        (ICEBERG_PARAMS, {"expected_parameter_key": "metadata_location"}),  # its own check
+        ({**ICEBERG_PARAMS, "table_type": "HIVE"}, {}, False),  # not Iceberg
+        (
+            {**ICEBERG_PARAMS, "previous_metadata_location": ICEBERG_PARAMS["metadata_location"]},
+            {},
+            False,
+        ),
+        ({k: v for k, v in ICEBERG_PARAMS.items() if k != "previous_metadata_location"}, {}, False),
+        (ICEBERG_PARAMS, {"expected_parameter_key": "metadata_location"}, False),  # its own
+        (ICEBERG_PARAMS, {}, True),  # a rename
     ],
 )
-def test_other_alters_are_forwarded_as_they_came(params: dict[str, str], context: Any) -> None:
+def test_alters_that_cannot_be_commits_are_forwarded_as_they_came(
+    params: dict[str, str], context: Any, renamed: bool
+) -> None:
     args = commit_args(params, context)
-    assert (
-        iceberg.guarded_commit("alter_table_with_environment_context", args, idl.encode(args))
-        is None
-    )
+    if renamed:
+        args.new_tbl.tableName = "other"
+    assert iceberg.commit_shape("alter_table_with_environment_context", args) is None
+
+
+def test_the_current_location_is_read_from_a_get_table_result() -> None:
+    table = M.Table(tableName="t", dbName="db", parameters=dict(ICEBERG_PARAMS))
+    result = idl.encode(idl.result_class("get_table")(success=table))
+    assert iceberg.current_location(result) == ICEBERG_PARAMS["metadata_location"]
+    missing = idl.encode(idl.result_class("get_table")(o2=M.NoSuchObjectException("no")))
+    assert iceberg.current_location(missing) is None
 
 
 def test_iceberg_table_objects_are_recognised_in_replies() -> None:
