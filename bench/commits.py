@@ -2,8 +2,9 @@
 
     .venv/bin/python -m bench.commits [--commits 300] [--appends 30]
 
-A real HMS that grants locks, a real Redis, the proxy with the lock fences and the
-metastore's base check on (the defaults). Two measurements, alternating direct and proxied:
+A real HMS that grants locks, real Redis servers, the proxy with the lock fences and the
+metastore's base check on (the defaults), and one with both off, to tell what they cost. Two
+measurements, each side taking its turn first:
 
 * the HMS calls of one commit, on raw bytes, as Java Iceberg and pyiceberg make them:
   ``lock`` -> ``get_table`` -> ``alter_table_with_environment_context`` (an Iceberg table
@@ -11,7 +12,9 @@ metastore's base check on (the defaults). Two measurements, alternating direct a
   proxy sent per commit, from Redis's own ``INFO commandstats``;
 * a pyiceberg ``append`` of one row (file writes included), end to end.
 
-Prints p50/p99 per call and per commit, direct vs proxy, and the ratios.
+Prints p50/p99 per call and per commit: direct, through the proxy without the fence and the
+check, with the defaults, the ratio of the defaults to direct and what the fence and the
+check add to each call.
 """
 
 from __future__ import annotations
@@ -109,14 +112,20 @@ def commands(r: redis.Redis) -> dict[str, int]:
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
 
 
-def report(direct: dict[str, list[float]], proxied: dict[str, list[float]]) -> None:
-    heads = ("direct p50", "proxy p50", "ratio", "direct p99", "proxy p99")
-    print(f"{'call':40} " + " ".join(f"{h:>11}" for h in heads))
+def report(
+    direct: dict[str, list[float]],
+    bare: dict[str, list[float]],
+    proxied: dict[str, list[float]],
+) -> None:
+    """p50 per call: direct, a proxy with no fence and no base check, the defaults."""
+    heads = ("direct", "no fence", "defaults", "ratio", "fence+check", "p99 direct", "p99 prx")
+    print(f"{'call (p50 ms)':38} " + " ".join(f"{h:>11}" for h in heads))
     for name in (*CALLS, "commit"):
-        d, p = direct[name], proxied[name]
+        d, b, p = direct[name], bare[name], proxied[name]
         print(
-            f"{name:40} {p50(d) * 1e3:9.3f}ms {p50(p) * 1e3:9.3f}ms {p50(p) / p50(d):10.2f}x"
-            f" {percentile(d, 0.99) * 1e3:9.3f}ms {percentile(p, 0.99) * 1e3:9.3f}ms"
+            f"{name:38} {p50(d) * 1e3:11.3f} {p50(b) * 1e3:11.3f} {p50(p) * 1e3:11.3f}"
+            f" {p50(p) / p50(d):10.2f}x {(p50(p) - p50(b)) * 1e3:+11.3f}"
+            f" {percentile(d, 0.99) * 1e3:11.3f} {percentile(p, 0.99) * 1e3:11.3f}"
         )
 
 
@@ -132,28 +141,41 @@ def main() -> None:
     store = RedisServer(work / "redis")
     store.start()
     proxy = ProxyProcess(work, hms.uri, "--redis", store.url).start()
+    other = RedisServer(work / "redis-bare")
+    other.start()
+    bare = ProxyProcess(
+        work,
+        hms.uri,
+        "--redis",
+        other.url,
+        "--lock-fence-seconds",
+        "0",
+        "--iceberg-expected-location",
+        "off",
+    ).start()
     try:
         at = Endpoint(hms.host, hms.port)
-        create_table(at, hms.warehouse.as_uri(), "bench_commits", "direct", "proxied")
+        create_table(at, hms.warehouse.as_uri(), "bench_commits", "direct", "bare", "proxied")
         direct = Committer(hms.port, "bench_commits", "direct")
+        unfenced = Committer(bare.port, "bench_commits", "bare")
         proxied = Committer(proxy.port, "bench_commits", "proxied")
-        for _ in range(20):  # warm both paths
-            direct.commit()
-            proxied.commit()
-        direct.times = {k: [] for k in direct.times}
-        proxied.times = {k: [] for k in proxied.times}
+        sides = (direct, unfenced, proxied)
+        for _ in range(20):  # warm every path
+            for side in sides:
+                side.commit()
+        for side in sides:
+            side.times = {k: [] for k in side.times}
         r = redis.Redis.from_url(store.url)
         before = commands(r)
         for i in range(args.commits):
-            first, second = (direct, proxied) if i % 2 else (proxied, direct)
-            first.commit()
-            second.commit()
+            for side in sides[i % 3 :] + sides[: i % 3]:  # each first in turn
+                side.commit()
         after = commands(r)
         print(f"\nraw commits, {args.commits} each way (lock, get_table, alter, unlock):")
-        report(direct.times, proxied.times)
+        report(direct.times, unfenced.times, proxied.times)
         used = {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0)}
         per = ", ".join(f"{k} {v / args.commits:.1f}" for k, v in sorted(used.items()))
-        print(f"Redis commands per proxied commit: {per}")
+        print(f"Redis commands per proxied commit (defaults): {per}")
         r.close()
 
         warehouse = (work / "warehouse").as_uri()
@@ -182,7 +204,9 @@ def main() -> None:
         )
     finally:
         proxy.stop()
+        bare.stop()
         store.stop()
+        other.stop()
         hms.stop()
 
 

@@ -292,6 +292,28 @@ class RedisStore:
             futures = [slots[i] for i in range(len(commands))]
         return await resp.replies_within(futures, self.timeout)
 
+    async def _lean(self, operation: str, commands: list[resp.Command]) -> list[Any]:
+        """Commands over the lean connections, in one round trip (the hit path's way, and the
+        lock fence's: both are on a client's clock); raises CacheUnavailable."""
+        try:
+            results = await self._lookup_commands(commands)
+        except (resp.Disconnected, OSError, TimeoutError, RedisError) as exc:
+            self._failed(operation, exc)
+            raise CacheUnavailable(str(exc) or type(exc).__name__) from exc
+        errors = [r for r in results if isinstance(r, resp.RespError)]
+        if errors:
+            text = str(errors[0])
+            if text.startswith(("MOVED", "ASK")) and self._client is not None:
+                # Slots moved (resharding, failover): refresh the map; this call misses.
+                refresh = asyncio.get_running_loop().create_task(self._refresh_slots())
+                self._tasks.add(refresh)
+                refresh.add_done_callback(self._tasks.discard)
+            else:
+                self._failed(operation, errors[0])
+            raise CacheUnavailable(text)
+        self._succeeded()
+        return results
+
     # -- the Store interface ---------------------------------------------------------------
 
     async def lookup(
@@ -306,23 +328,7 @@ class RedisStore:
         commands += [("HGETALL", fence_key(key)) for key, _ in order]
         if entries:  # the entries of one plan share its hash tag: one MGET works on a cluster
             commands.append(("MGET", *entries))
-        try:
-            results = await self._lookup_commands(commands)
-        except (resp.Disconnected, OSError, TimeoutError, RedisError) as exc:
-            self._failed("get", exc)
-            raise CacheUnavailable(str(exc) or type(exc).__name__) from exc
-        errors = [r for r in results if isinstance(r, resp.RespError)]
-        if errors:
-            text = str(errors[0])
-            if text.startswith(("MOVED", "ASK")) and self._client is not None:
-                # Slots moved (resharding, failover): refresh the map; this call misses.
-                refresh = asyncio.get_running_loop().create_task(self._refresh_slots())
-                self._tasks.add(refresh)
-                refresh.add_done_callback(self._tasks.discard)
-            else:
-                self._failed("get", errors[0])
-            raise CacheUnavailable(text)
-        self._succeeded()
+        results = await self._lean("get", commands)
         got: Versions = {}
         now = time.time()
         for i, (key, names) in enumerate(order):
@@ -438,13 +444,22 @@ class RedisStore:
     async def mark(
         self, items: Sequence[tuple[str, str]], deadline: float, bumps: Sequence[Bump] = ()
     ) -> None:
-        """Lock fences first, then the bumps, in one pipeline (as :meth:`fence`)."""
+        """Lock fences first, then the bumps (as :meth:`fence`), in one round trip over the
+        lean connections: a ``lock`` waits for it."""
+        if not self.backoff.ready():
+            raise CacheUnavailable("redis backing off after errors")
         life = self._fence_life_ms(deadline - time.time())
-        ops: list[Op] = []
+        commands: list[resp.Command] = []
         for key, name in items:
-            ops.append(op("hset", fence_key(key), name, str(deadline)))
-            ops.append(op("pexpire", fence_key(key), life))
-        await self._run("version", ops + self._bump_ops(bumps))
+            commands.append(("HSET", fence_key(key), name, repr(deadline)))
+            commands.append(("PEXPIRE", fence_key(key), life))
+        for b in bumps:
+            if b.field == EPOCH:
+                commands.append(("HSET", b.key, EPOCH, new_epoch()))
+            else:
+                commands.append(("HINCRBY", b.key, b.field, 1))
+            commands.append(("EXPIRE", b.key, self.version_ttl))
+        await self._lean("version", commands)
 
     async def unmark(self, items: Sequence[tuple[str, str]]) -> int:
         if not items:

@@ -33,6 +33,7 @@ class Disconnected(Exception):
 # Encoded look-ups are memoised (hits repeat the same ones over and over), within a budget:
 # their keys are digests, but a get_partitions_by_names of many names is one long MGET.
 _ENCODED: BoundedMemo[Command, bytes] = BoundedMemo(16_384, 8 << 20, largest=8 * 1024)
+_REPEATED = frozenset({"HMGET", "HGETALL", "MGET", "GET"})  # look-ups; a fence is never twice
 
 
 def encode(command: Command) -> bytes:
@@ -45,8 +46,9 @@ def encode(command: Command) -> bytes:
         raw = arg if isinstance(arg, bytes) else str(arg).encode()
         out.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
     encoded = b"".join(out)
-    # The command's own strings are kept as the key: count them along with the encoding.
-    _ENCODED.put(command, encoded, 2 * len(encoded))
+    if command[0] in _REPEATED:
+        # The command's own strings are kept as the key: count them along with the encoding.
+        _ENCODED.put(command, encoded, 2 * len(encoded))
     return encoded
 
 
