@@ -36,7 +36,7 @@ from proxy.cache import entry as codec
 from proxy.cache import locks
 from proxy.cache.fences import LockFences
 from proxy.cache.keys import EPOCH, TableRef, partition_field
-from proxy.cache.plan import Bump, PartitionPlan, Planner, ReadPlan, VersionRef, WritePlan
+from proxy.cache.plan import FLUSH, Bump, PartitionPlan, Planner, ReadPlan, VersionRef, WritePlan
 from proxy.cache.store import FENCED, CacheUnavailable, Store, Versions
 from proxy.catalog import MethodSpec
 from proxy.memo import BoundedMemo
@@ -128,6 +128,8 @@ class _L1:
         return len(self._items)
 
 
+# Invalidations kept while the store is away, at most; beyond, one flush stands for them all.
+MAX_PENDING = 1_000
 # Memory for plans and for compression dictionaries, whatever clients send (see proxy.memo).
 PLAN_ENTRIES = 20_000
 PLAN_BYTES = 32 << 20
@@ -609,8 +611,19 @@ class CacheEngine:
         self._keep_pending(WritePlan(bumps), None)
 
     def _keep_pending(self, plan: WritePlan, intent: WriteIntent | None) -> None:
-        if not any(p == plan and i == intent for p, i in self._pending):  # once is enough
-            self._pending.append((plan, intent))
+        if any(p == plan and i == intent for p, i in self._pending):  # once is enough
+            return
+        if len(self._pending) >= MAX_PENDING:
+            # A long outage with writes going on: rather than keep every one, forget
+            # everything once the store is back (the write fences lapse by their deadlines).
+            log.warning(
+                "cache: %d invalidations pending; the cache is flushed once the store "
+                "answers again",
+                len(self._pending),
+            )
+            self._pending = [(FLUSH, None)]
+            return
+        self._pending.append((plan, intent))
 
     def _forget_locally(self, plan: WritePlan) -> None:
         if plan.flush_all and self._l1 is not None:

@@ -117,3 +117,26 @@ def test_set_ugi_replies_are_bounded_and_huge_identities_not_kept() -> None:
         assert pool.ugi_reply(huge) is None
 
     asyncio.run(run())
+
+
+def test_invalidations_pending_through_a_long_outage_stay_bounded() -> None:
+    from proxy.cache.engine import MAX_PENDING, Result
+    from tests.unit.test_cache_core import write_plan
+    from tests.unit.test_cache_engine import GET_TABLE, TABLE, FlakyStore, fill
+    from tests.unit.test_cache_engine import engine as make
+
+    async def run() -> None:
+        store = FlakyStore()
+        e = make(store)
+        await fill(e, TABLE)
+        store.down = True
+        m = idl.module()
+        for i in range(3 * MAX_PENDING):  # a write to a different table each time
+            plan = write_plan("alter_table", dbname="db", tbl_name=f"t{i}", new_tbl=m.Table())
+            await e.invalidate(plan, "write")
+        assert len(e._pending) <= MAX_PENDING
+        store.down = False
+        assert (await e.lookup(GET_TABLE)).result is Result.MISS  # flushed, then looked up
+        assert not e._pending
+
+    asyncio.run(run())
