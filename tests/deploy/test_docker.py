@@ -599,9 +599,11 @@ def test_the_wheel_holds_the_package_the_idl_the_scanner_and_the_grpc_code(built
     assert modules, "no modules in the build context"
     assert modules <= names, sorted(modules - names)
     package_data = {
-        f"proxy/{p.relative_to(REPO / 'proxy').as_posix()}"
-        for pattern in PYPROJECT["tool"]["setuptools"]["package-data"]["proxy"]
-        for p in (REPO / "proxy").glob(pattern)
+        f"{package.replace('.', '/')}/{p.relative_to(root).as_posix()}"
+        for package, patterns in PYPROJECT["tool"]["setuptools"]["package-data"].items()
+        for root in [REPO / package.replace(".", "/")]
+        for pattern in patterns
+        for p in root.glob(pattern)
     }
     assert any(n.endswith(".thrift") for n in package_data), "the IDL is not package data"
     assert package_data <= names, sorted(package_data - names)
@@ -760,10 +762,12 @@ print(json.dumps({
 def imports_of_test_extras() -> list[str]:
     """Import names of the test extras that no runtime dependency provides."""
     runtime = {canonicalize_name(d.name) for d in runtime_distributions()}
-    test_only = {
-        canonicalize_name(Requirement(r).name)
-        for r in PYPROJECT["project"]["optional-dependencies"]["test"]
-    } - runtime
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    test_only = (
+        {canonicalize_name(Requirement(r).name) for r in [*extras["test"], *extras["rig"]]}
+        - runtime
+        - {"hms-cache-proxy"}
+    )
     names = []
     for name, dists in importlib.metadata.packages_distributions().items():
         owners = {canonicalize_name(d) for d in dists}

@@ -278,7 +278,7 @@ def test_distinct_padded_and_malformed_requests_leave_memory_within_budget(
             tbl_name=sample.table,
             names=[f"ds=1999-{i:05d}-{j:02d}/region=zz" for j in range(20)],
         )
-        for i in range(5_000)
+        for i in range(2_000)
     ]
     # Malformed: a database name sent as an integer (refused before decoding, forwarded).
     requests += [
@@ -286,7 +286,7 @@ def test_distinct_padded_and_malformed_requests_leave_memory_within_budget(
         + struct.pack(">bhi", 8, 1, i)  # field 1 (dbname) as an i32
         + struct.pack(">bhi", 11, 2, 1)
         + b"y\x00"
-        for i in range(10_000)
+        for i in range(15_000)
     ]
     _blast(proxy, requests)
     # Distinct identities with 8 KB of groups each, as set_ugi sends them.

@@ -132,7 +132,7 @@ def test_an_unreachable_metastore_is_one_warning_and_not_ready(
 ) -> None:
     proxy = proxy_factory(upstream=f"thrift://127.0.0.1:{free_port()}")
     eventually(lambda: get(proxy, "/readyz")[0] == 503)
-    time.sleep(7)  # three readiness probes and a few follower polls
+    time.sleep(5)  # two readiness probes and a few follower polls
     warnings = [
         line for line in proxy.log().splitlines() if "WARNING" in line and "connect" in line
     ]

@@ -33,8 +33,8 @@ from tests.rig.waiting import eventually
 
 pytestmark = pytest.mark.hms
 
-ROUNDS = 4  # commits in the window, each way
-CONCURRENT = 5  # commits per writer thread
+ROUNDS = 3  # commits in the window, each way
+CONCURRENT = 3  # commits per writer thread
 SCHEMA = pa.schema([pa.field("tag", pa.string())])
 # Fences alone (the metastore's own check off), so that these tests show the fence works.
 FENCE_ONLY = ("--cache-iceberg-tables", "on", "--iceberg-expected-location", "off")
