@@ -30,7 +30,7 @@ from proxy.cache.events import KNOWN, Event, invalidation_for
 from proxy.cache.store import CacheUnavailable
 from proxy.config import Options
 from proxy.metrics import Metrics
-from proxy.upstream import OWN_CALL_TIMEOUT, UpstreamError, UpstreamPool, exchange
+from proxy.upstream import UpstreamError, UpstreamPool
 from proxy.wire.binary import MessageType
 from proxy.wire.errors import ProtocolError
 
@@ -265,15 +265,7 @@ class NotificationFollower:
     # -- metastore calls --------------------------------------------------------------------
 
     async def _call(self, method: str, **args: object) -> object:
-        conn = await self.pool.acquire(None)
-        try:
-            reply = await exchange(
-                conn, idl.encode_call(method, 0, **args), method, 0, self.options, OWN_CALL_TIMEOUT
-            )
-        except BaseException:
-            self.pool.discard(conn)
-            raise
-        self.pool.release(conn, reusable=True)
+        reply = await self.pool.ask(None, method, **args)
         if reply.header.type != MessageType.REPLY:
             raise LogUnavailable(f"{method} answered with an exception")
         try:

@@ -36,14 +36,13 @@ from proxy.config import Options
 from proxy.metrics import Metrics, method_label
 from proxy.status import Activity
 from proxy.upstream import (
-    OWN_CALL_TIMEOUT,
     Identity,
     UpstreamClosed,
     UpstreamConnection,
     UpstreamError,
     UpstreamPool,
     UpstreamProtocolError,
-    UpstreamUnavailable,
+    UpstreamUnreachable,
     check_reply_header,
     exchange,
     receive,
@@ -419,20 +418,10 @@ class CallHandler:
         """The table's metadata_location at the metastore now (``None``: unknown)."""
         if session.pinned is not None:
             return None  # its connection is the client's own: leave its calls alone
-        request = idl.encode_call("get_table", 0, dbname=db, tbl_name=table)
         try:
-            conn = await self.pool.acquire(session.identity)
+            reply = await self.pool.ask(session.identity, "get_table", dbname=db, tbl_name=table)
         except UpstreamError:
             return None
-        try:
-            reply = await exchange(conn, request, "get_table", 0, self.options, OWN_CALL_TIMEOUT)
-        except UpstreamError:
-            self.pool.discard(conn)
-            return None
-        except BaseException:
-            self.pool.discard(conn)
-            raise
-        self.pool.release(conn, reusable=True)
         if reply.header.type != MessageType.REPLY:
             return None
         return iceberg.current_location(reply.body)
@@ -456,16 +445,7 @@ class CallHandler:
 
     async def _list_tables(self, session: SessionState, db: str) -> list[str]:
         """Ask the HMS which tables a database has (before a write drops them)."""
-        request = idl.encode_call("get_all_tables", 0, db_name=db)
-        conn = await self.pool.acquire(session.identity)
-        try:
-            reply = await exchange(
-                conn, request, "get_all_tables", 0, self.options, OWN_CALL_TIMEOUT
-            )
-        except BaseException:
-            self.pool.discard(conn)
-            raise
-        self.pool.release(conn, reusable=True)
+        reply = await self.pool.ask(session.identity, "get_all_tables", db_name=db)
         result = idl.decode_result("get_all_tables", reply.body)
         return list(result.success or [])
 
@@ -658,8 +638,7 @@ class CallHandler:
         self, client: ClientChannel, message: Message, exc: Exception
     ) -> str:
         # An unreachable metastore is logged once by the pool, not once per call.
-        quiet = isinstance(exc, UpstreamUnavailable) and "no metastore reachable" in str(exc)
-        (log.debug if quiet else log.warning)(
+        (log.debug if isinstance(exc, UpstreamUnreachable) else log.warning)(
             "call %s failed at the metastore: %s", message.header.name, exc
         )
         await self._fail(

@@ -345,10 +345,10 @@ class Metrics:
             registry=r,
         )
         self.build_info.labels(__version__, "2.3.10+4.1").set(1)
-        self._start_at_zero(catalog.all_methods())
+        self._start_at_zero()
 
-    def _start_at_zero(self, specs: Iterable[catalog.MethodSpec]) -> None:
-        del specs  # per-method series start with each method's first call (see _PerMethod)
+    def _start_at_zero(self) -> None:
+        """The series without a method label (per-method ones: see _PerMethod)."""
         for result in ("hit", "miss"):
             self.cache_partitions.labels(result)
         for op in CACHE_OPERATIONS:

@@ -226,7 +226,7 @@ class _Session:
                 data = await self._read()
                 if data is None:
                     return
-                self._feed(data)
+                self.requests.feed(data)
                 continue
             if message.header.type not in (MessageType.CALL, MessageType.ONEWAY):
                 await self._reject(
@@ -287,13 +287,9 @@ class _Session:
                     self.requests.buffered,
                 )
             return None
-        return data
-
-    def _feed(self, data: bytes) -> None:
-        if not self.requests.buffered:  # a request starts: it must be complete in time
-            loop = asyncio.get_running_loop()
+        if not partial:
             self._message_deadline = loop.time() + self.options.client_message_timeout
-        self.requests.feed(data)
+        return data
 
     async def _reject(
         self,

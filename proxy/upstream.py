@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 READ_SIZE = 256 * 1024
 # How long an endpoint that refused a connection is passed over while others are tried.
 ENDPOINT_BACKOFF_SECONDS = 10.0
+# The proxy's own calls (the readiness probe, the notification follower, listing a database's
+# tables before a drop) are not a client's: they get bounds of their own, short enough that a
+# metastore that accepts connections but does not answer is noticed promptly.
+PROBE_TIMEOUT = 5.0
+OWN_CALL_TIMEOUT = 30.0
 # set_ugi arguments are a user and its groups, a few hundred bytes; a client can send
 # megabytes. Identities bigger than this are neither pooled nor remembered.
 MAX_POOLED_IDENTITY = 64 * 1024
@@ -58,7 +63,11 @@ class UpstreamError(Exception):
 
 
 class UpstreamUnavailable(UpstreamError):
-    """No metastore could be connected to."""
+    """No metastore connection to be had (none reachable, or all in use)."""
+
+
+class UpstreamUnreachable(UpstreamUnavailable):
+    """No metastore could be connected to (each failure is logged by the pool, once)."""
 
 
 class UpstreamTimeout(UpstreamError):
@@ -333,7 +342,7 @@ class UpstreamPool:
                 self.options.upstream_transport, self.options.max_reply_bytes, keep=False
             )
             return UpstreamConnection(endpoint, reader, writer, replies)
-        raise UpstreamUnavailable("no metastore reachable (" + "; ".join(errors) + ")")
+        raise UpstreamUnreachable("no metastore reachable (" + "; ".join(errors) + ")")
 
     async def _bind(self, conn: UpstreamConnection, identity: Identity) -> UpstreamConnection:
         """Replay ``set_ugi`` on ``conn`` so that it runs as ``identity``."""
@@ -351,33 +360,39 @@ class UpstreamPool:
         self.metrics.upstream_connections.labels("idle").set(self._idle_count)
         self.metrics.upstream_connections.labels("active").set(self._open - self._idle_count)
 
+    async def ask(
+        self,
+        identity: Identity | None,
+        method: str,
+        timeout: float = OWN_CALL_TIMEOUT,
+        /,
+        **args: object,
+    ) -> Message:
+        """One call of the proxy's own on a pooled connection running as ``identity``, its
+        whole reply; the connection is closed if the exchange fails (raises UpstreamError)."""
+        conn = await self.acquire(identity)
+        try:
+            reply = await exchange(
+                conn, idl.encode_call(method, 0, **args), method, 0, self.options, timeout
+            )
+        except BaseException:
+            self.discard(conn)
+            raise
+        self.release(conn, reusable=True)
+        return reply
+
     async def probe(self) -> bool:
         """Does a metastore answer a call now? (fb303 ``getStatus``, for readiness.)"""
         try:
-            conn = await self.acquire(None)
+            reply = await self.ask(None, "getStatus", PROBE_TIMEOUT)
         except UpstreamError:
             return False
-        try:
-            reply = await exchange(
-                conn, idl.encode_call("getStatus", 0), "getStatus", 0, self.options, PROBE_TIMEOUT
-            )
-        except UpstreamError:
-            self.discard(conn)
-            return False
-        self.release(conn, reusable=True)
         return reply.header.type == MessageType.REPLY
 
     async def close(self) -> None:
         self._closed = True
         while self._idle:
             self._discard(self._pop_oldest_idle())
-
-
-# The proxy's own calls (the readiness probe, the notification follower, listing a database's
-# tables before a drop) are not a client's: they get bounds of their own, short enough that a
-# metastore that accepts connections but does not answer is noticed promptly.
-PROBE_TIMEOUT = 5.0
-OWN_CALL_TIMEOUT = 30.0
 
 
 async def send(

@@ -158,7 +158,9 @@ class AdminService(pb_grpc.AdminServicer):
             else:
                 await self.call("get_database", name=db)
         except MetastoreFailure as exc:
-            return f"{db}.{table}" if table and exc.not_found else db if exc.not_found else None
+            if not exc.not_found:
+                return None
+            return f"{db}.{table}" if table else db
         except RuntimeError:
             return None
         return None

@@ -32,7 +32,7 @@ from redis.exceptions import TimeoutError as RedisTimeout
 from proxy.cache import locks, resp
 from proxy.cache.keys import COORDINATION, EPOCH
 from proxy.cache.plan import Bump
-from proxy.cache.store import FENCED, CacheUnavailable, Found, Versions, new_epoch
+from proxy.cache.store import CacheUnavailable, Found, Versions, new_epoch, note_fences
 from proxy.metrics import Metrics
 from proxy.retry import Backoff
 from proxy.tasks import background
@@ -335,11 +335,7 @@ class RedisStore:
             got[key] = dict(zip(names, results[i], strict=True))
             fences = results[len(order) + i]
             if fences:
-                state = locks.read_fences(_fields(fences), now)
-                if state.write:
-                    got[key][FENCED] = b"1"
-                if state.locked:
-                    got[key][locks.LOCKED] = ",".join(sorted(state.locked)).encode()
+                note_fences(got[key], _fields(fences), now)
         found: Found = dict(zip(entries, results[2 * len(order)] if entries else [], strict=True))
         return got, found
 
@@ -360,15 +356,19 @@ class RedisStore:
             ops.append(op("expire", key, self.version_ttl))
         await self._run("set", ops)
 
-    def _bump_ops(self, bumps: Sequence[Bump]) -> list[Op]:
-        ops: list[Op] = []
+    def _bump_commands(self, bumps: Sequence[Bump]) -> list[resp.Command]:
+        commands: list[resp.Command] = []
         for b in bumps:
             if b.field == EPOCH:
-                ops.append(op("hset", b.key, EPOCH, new_epoch()))
+                commands.append(("HSET", b.key, EPOCH, new_epoch()))
             else:
-                ops.append(op("hincrby", b.key, b.field, 1))
-            ops.append(op("expire", b.key, self.version_ttl))
-        return ops
+                commands.append(("HINCRBY", b.key, b.field, 1))
+            commands.append(("EXPIRE", b.key, self.version_ttl))
+        return commands
+
+    def _bump_ops(self, bumps: Sequence[Bump]) -> list[Op]:
+        """The bumps as redis-py pipeline calls (the same commands)."""
+        return [op(str(name).lower(), *args) for name, *args in self._bump_commands(bumps)]
 
     def _fence_life_ms(self, seconds: float) -> int:
         return int(max(self.fence_ttl, seconds) * 1000) + 1000
@@ -453,13 +453,7 @@ class RedisStore:
         for key, name in items:
             commands.append(("HSET", fence_key(key), name, repr(deadline)))
             commands.append(("PEXPIRE", fence_key(key), life))
-        for b in bumps:
-            if b.field == EPOCH:
-                commands.append(("HSET", b.key, EPOCH, new_epoch()))
-            else:
-                commands.append(("HINCRBY", b.key, b.field, 1))
-            commands.append(("EXPIRE", b.key, self.version_ttl))
-        await self._lean("version", commands)
+        await self._lean("version", commands + self._bump_commands(bumps))
 
     async def unmark(self, items: Sequence[tuple[str, str]]) -> int:
         if not items:

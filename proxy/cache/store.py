@@ -155,7 +155,7 @@ class MemoryStore:
             got[key] = {n: (fields or {}).get(n) for n in names}
             marks = self._marks.get(key)
             if marks:
-                _note_fences(got[key], marks)
+                note_fences(got[key], marks)
         values: Found = {}
         for key in entries:
             item = self._entries.get(key)
@@ -318,9 +318,12 @@ def _cost(key: str, value: bytes) -> int:
     return len(key) + len(value) + ENTRY_OVERHEAD
 
 
-def _note_fences(versions: dict[str, bytes | None], marks: Mapping[str, float]) -> None:
-    """Add the FENCED and LOCKED pseudo-fields a look-up reports for a hash's fence fields."""
-    state = locks.read_fences(marks, time.time())
+def note_fences(
+    versions: dict[str, bytes | None], marks: Mapping[str, float], now: float | None = None
+) -> None:
+    """Add the FENCED and LOCKED pseudo-fields a look-up reports for a hash's fence fields
+    (both stores)."""
+    state = locks.read_fences(marks, time.time() if now is None else now)
     if state.write:
         versions[FENCED] = b"1"
     if state.locked:

@@ -27,8 +27,9 @@ from proxy.follower import NotificationFollower
 from proxy.metrics import Metrics
 from proxy.upstream import UpstreamPool
 from tests.rig.hms import MetastoreServer
+from tests.rig.locking import Endpoint, create_table
 from tests.rig.redis_server import RedisServer
-from tests.rig.sample import client, storage_descriptor
+from tests.rig.sample import client
 
 pytestmark = pytest.mark.hms
 
@@ -38,24 +39,9 @@ FREEZE_AFTER = 4  # events applied before Redis stalls
 
 
 def _tables(hms: MetastoreServer) -> None:
-    from hmsclient.genthrift.hive_metastore import ttypes as t
-
-    with client(hms.host, hms.port) as c:
-        if DB in c.get_all_databases():
-            return
-        c.create_database(t.Database(DB, "", f"{hms.warehouse.as_uri()}/{DB}.db", {}))
-        for name in TABLES:
-            c.create_table(
-                t.Table(
-                    tableName=name,
-                    dbName=DB,
-                    owner="rig",
-                    sd=storage_descriptor(f"{hms.warehouse.as_uri()}/{DB}.db/{name}"),
-                    partitionKeys=[],
-                    parameters={},
-                    tableType="MANAGED_TABLE",
-                )
-            )
+    direct = Endpoint(hms.host, hms.port)
+    if DB not in (direct.call("get_all_databases").success or []):
+        create_table(direct, hms.warehouse.as_uri(), DB, *TABLES)
 
 
 def _alter_all(hms: MetastoreServer, round_: int) -> None:
