@@ -19,7 +19,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy import __version__
@@ -38,8 +38,6 @@ class Invalidated:
     everything: bool
     more: int = 0  # tables beyond those shown
 
-
-_FIELDS = ("at", "reason", "scopes", "tables", "everything", "more")
 
 # Names are shown up to this long, and an invalidation names this many tables at most: a
 # client decides how long a name it sends, and a drop can name thousands.
@@ -84,7 +82,7 @@ class Activity:
         copy.started = self.started
         copy._tables = {tag: list(counts) for tag, counts in self._tables.items()}
         copy._shown = dict(self._shown)
-        copy.recent.extend(Invalidated(**{f: getattr(r, f) for f in _FIELDS}) for r in self.recent)
+        copy.recent.extend(replace(r) for r in self.recent)  # lines change ("and its event")
         return copy
 
     def name(self, table: TableRef) -> str:

@@ -49,10 +49,10 @@ SWEEP_SECONDS = 5.0
 
 @dataclass(slots=True)
 class Ticket:
-    """A fence this proxy opened, until it is seen closed or expired."""
+    """A fence this proxy opened, until it is seen closed or expired (its deadline is the
+    store's: another proxy may extend it)."""
 
     record: LockRecord
-    deadline: float
     lockid: int | None = None
 
 
@@ -95,9 +95,9 @@ class LockFences:
             return None
         if plan is None:
             return None
-        ticket = Ticket(LockRecord(os.urandom(8).hex(), plan.fences, plan.txnid), self._deadline())
+        ticket = Ticket(LockRecord(os.urandom(8).hex(), plan.fences, plan.txnid))
         try:
-            await self.store.mark(self._items(ticket.record), ticket.deadline, plan.bumps)
+            await self.store.mark(self._items(ticket.record), self._deadline(), plan.bumps)
         except CacheUnavailable as exc:
             log.warning(
                 "cache: could not fence the tables of a lock (%s); this proxy serves no hits "
@@ -211,11 +211,7 @@ class LockFences:
         items = self._items(record)
         if granted:
             items += locks.granted_items(record.fence_id, record.fences)
-        deadline = self._deadline()
-        await self.store.mark(items, deadline)
-        ticket = self._opened.get(record.fence_id)
-        if ticket is not None:
-            ticket.deadline = deadline
+        await self.store.mark(items, self._deadline())
 
     async def _end(self, lockid: int) -> None:
         record = await self._record(lockid)

@@ -49,9 +49,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from proxy import idl
 from proxy.cache.keys import DatabaseRef, Naming, TableRef
 from proxy.cache.plan import Bump
 from proxy.wire.binary import MessageType
+from proxy.wire.errors import ProtocolError
 
 # Calls whose replies open, keep or end a lock's fence. All pass through untouched.
 LOCK_METHODS = frozenset(
@@ -220,9 +222,6 @@ class LockAnswer:
 
 def read_lock_reply(method: str, message_type: int, body: bytes) -> LockAnswer:
     """The lock id and state of a ``lock``/``check_lock`` reply (decoded: a few bytes)."""
-    from proxy import idl
-    from proxy.wire.errors import ProtocolError
-
     if message_type != MessageType.REPLY:
         return LockAnswer(None, None)
     try:
@@ -244,7 +243,7 @@ def lock_ids_of(method: str, request: Any) -> tuple[list[int], list[int]]:
     locks: list[int] = []
     txns: list[int] = []
     lockid = getattr(rqst, "lockid", None)
-    if isinstance(lockid, int) and lockid > 0 and method != "commit_txn":
+    if isinstance(lockid, int) and lockid > 0:
         locks.append(lockid)
     if method in ("commit_txn", "abort_txn", "heartbeat"):
         txnid = getattr(rqst, "txnid", None)
