@@ -69,7 +69,13 @@ class Proxy:
         )
         pool = UpstreamPool(options, metrics)
         cache = build_cache(options, metrics, activity) if options.cache == "on" else None
-        handler = CallHandler(options, pool, metrics, cache, activity)
+        handler = CallHandler(
+            pool,
+            metrics,
+            cache,
+            max_reply_bytes=options.max_reply_bytes,
+            check_iceberg_base=options.iceberg_expected_location == "on",
+        )
 
         def status_page() -> Callable[[], bytes]:
             """Taken on the event loop (a copy of what changes), rendered off it."""

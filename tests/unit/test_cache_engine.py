@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy import idl
+from proxy.cache.decide import storable
 from proxy.cache.engine import CacheEngine, Result
 from proxy.cache.plan import Bump
 from proxy.cache.store import CacheUnavailable, MemoryStore
@@ -113,8 +114,11 @@ def test_not_found_is_cached_until_the_create() -> None:
 
 def test_other_declared_exceptions_are_not_cached() -> None:
     meta = reply("get_table", idl.result_class("get_table")(o1=M.MetaException("boom")))
-    assert engine().cacheable(GET_TABLE, meta) is None
-    assert engine().cacheable(read_plan("get_all_tables", db_name="db"), TABLE) is not None
+    assert storable(GET_TABLE, meta, max_bytes=1 << 20, serve_iceberg=True) is None
+    tables = reply("get_all_tables", idl.result_class("get_all_tables")(success=["t"]))
+    plan = read_plan("get_all_tables", db_name="db")
+    assert storable(plan, tables, max_bytes=1 << 20, serve_iceberg=True) == (0, plan.ttl)
+    assert storable(plan, tables, max_bytes=len(tables.data) - 1, serve_iceberg=True) is None
 
 
 def test_an_invalidation_the_store_missed_blocks_hits_until_applied() -> None:
@@ -132,17 +136,82 @@ def test_an_invalidation_the_store_missed_blocks_hits_until_applied() -> None:
     asyncio.run(run())
 
 
-def test_one_flight_per_key_and_versions() -> None:
+class ScriptedRead:
+    """A client's read as the read-through sees it, with a metastore that answers ``reply``
+    when ``release`` is set; it records what the client got and how many calls went out."""
+
+    def __init__(self, message: Message, reply: Message, release: asyncio.Event) -> None:
+        self.message = message
+        self.reply = reply
+        self.release = release
+        self.upstream_calls = 0
+        self.got: list[bytes] = []
+
+    async def serve(self, cached: bytes) -> str:
+        self.got.append(cached)
+        return "ok"
+
+    async def send(self, reply: bytes) -> str:
+        self.got.append(reply)
+        return "ok"
+
+    async def forward(self, keep: Any, fallback: Any) -> str:
+        self.upstream_calls += 1
+        await self.release.wait()
+        if keep is not None:
+            await keep(self.reply)
+        self.got.append(self.reply.data)
+        return "ok"
+
+    async def fetch(self, request: bytes | None) -> Message | str:
+        self.upstream_calls += 1
+        await self.release.wait()
+        return self.reply
+
+
+def call(method: str, **args: Any) -> Message:
+    data = idl.encode_call(method, 7, **args)
+    header = parse_header(data, 0, len(data))
+    assert header is not None
+    return Message(header, data)
+
+
+async def until(condition: Any, what: str) -> None:
+    """Let other tasks run until ``condition()`` holds (a bounded number of turns)."""
+    for _ in range(10_000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"never happened: {what}")
+
+
+def test_concurrent_misses_of_one_request_share_one_metastore_call() -> None:
     async def run() -> None:
         e = engine()
-        assert e.join("k", b"fp") is None
-        e.lead("k", b"fp")
-        follower = e.join("k", b"fp")
-        assert follower is not None
-        assert e.join("k", b"other") is None  # a caller that saw other versions flies alone
-        e.land("k", b"fp", b"reply")
-        assert await follower == b"reply"
-        assert e.join("k", b"fp") is None
+        release = asyncio.Event()
+        request = call("get_table", dbname="db", tbl_name="t")
+        reads = [ScriptedRead(request, TABLE, release) for _ in range(5)]
+        tasks = [asyncio.create_task(e.read(GET_TABLE, r)) for r in reads]
+        await until(lambda: e.whole._flights, "the first miss is on its way to the metastore")
+        for _ in range(20):
+            await asyncio.sleep(0)  # the others look up and join it (or miss the flight)
+        release.set()
+        served = await asyncio.gather(*tasks)
+        assert sum(r.upstream_calls for r in reads) == 1
+        assert sorted(s.source for s in served) == ["cache"] * 4 + ["upstream"]
+        assert all(r.got == [TABLE.data] for r in reads)
+        # A read under other versions (after a write) flies alone.
+        await e.invalidate(ALTER, "write")
+        release.clear()
+        after = [ScriptedRead(request, TABLE, release) for _ in range(2)]
+        first = asyncio.create_task(e.read(GET_TABLE, after[0]))
+        await until(lambda: e.whole._flights, "the first read is in flight")
+        await e.invalidate(ALTER, "write")
+        second = asyncio.create_task(e.read(GET_TABLE, after[1]))
+        await until(lambda: after[1].upstream_calls, "the second read went to the metastore")
+        release.set()
+        await asyncio.gather(first, second)
+        assert [r.upstream_calls for r in after] == [1, 1]
 
     asyncio.run(run())
 

@@ -406,10 +406,10 @@ def test_iceberg_tables_are_served_only_while_allowed() -> None:
                 success=M.Table(tableName="t", dbName="db", parameters={"table_type": "ICEBERG"})
             ),
         )
-        await fill(e, ice)
+        fp = await fill(e, ice)
         assert (await e.lookup(GET_TABLE)).result is Result.HIT
         allowed[0] = False  # the notification log stopped moving, say
         assert (await e.lookup(GET_TABLE)).result is Result.BYPASS
-        assert e.cacheable(GET_TABLE, ice) is None
+        assert not await e.fill(GET_TABLE, fp, ice)  # nor stored
 
     asyncio.run(run())

@@ -10,7 +10,8 @@ from proxy.cache import resp
 from proxy.cache.engine import PLAN_BYTES
 from proxy.cache.store import MemoryStore
 from proxy.memo import ITEM_OVERHEAD, BoundedMemo
-from proxy.upstream import MAX_POOLED_IDENTITY, UGI_REPLY_BYTES, Identity, UpstreamPool
+from proxy.upstream import Identity, UpstreamPool
+from proxy.upstream.pool import MAX_POOLED_IDENTITY, UGI_REPLY_BYTES
 from proxy.wire.binary import MessageType, encode_header, parse_header
 from proxy.wire.framing import Message
 from tests.unit.test_cache_engine import engine
@@ -134,9 +135,9 @@ def test_invalidations_pending_through_a_long_outage_stay_bounded() -> None:
         for i in range(3 * MAX_PENDING):  # a write to a different table each time
             plan = write_plan("alter_table", dbname="db", tbl_name=f"t{i}", new_tbl=m.Table())
             await e.invalidate(plan, "write")
-        assert len(e._pending) <= MAX_PENDING
+        assert len(e.invalidations.pending) <= MAX_PENDING
         store.down = False
         assert (await e.lookup(GET_TABLE)).result is Result.MISS  # flushed, then looked up
-        assert not e._pending
+        assert not e.invalidations.pending
 
     asyncio.run(run())

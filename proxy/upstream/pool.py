@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from proxy import idl
 from proxy.config import Endpoint, Options
@@ -29,104 +29,41 @@ from proxy.memo import BoundedMemo
 from proxy.metrics import Metrics
 from proxy.tasks import background
 from proxy.tls import upstream_context
-from proxy.wire.binary import MessageType, encode_header
+from proxy.upstream.connection import Identity, UpstreamConnection
+from proxy.upstream.errors import (
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamUnavailable,
+    UpstreamUnreachable,
+)
+from proxy.upstream.relay import READ_SIZE, Timeouts, exchange
+from proxy.wire.binary import MessageType
 from proxy.wire.errors import ProtocolError
 from proxy.wire.framing import Message, MessageReader
 
 log = logging.getLogger(__name__)
 
-READ_SIZE = 256 * 1024
 # How long an endpoint that refused a connection is passed over while others are tried.
 ENDPOINT_BACKOFF_SECONDS = 10.0
-# The proxy's own calls (the readiness probe, the notification follower, listing a database's
-# tables before a drop) are not a client's: they get bounds of their own, short enough that a
-# metastore that accepts connections but does not answer is noticed promptly.
-PROBE_TIMEOUT = 5.0
-OWN_CALL_TIMEOUT = 30.0
 # set_ugi arguments are a user and its groups, a few hundred bytes; a client can send
 # megabytes. Identities bigger than this are neither pooled nor remembered.
 MAX_POOLED_IDENTITY = 64 * 1024
 UGI_REPLY_BYTES = 4 << 20
 
 
-class UpstreamError(Exception):
-    """The exchange with the metastore failed; ``outcome`` is the metrics label.
-
-    ``stale``: it failed before any reply byte on a connection that had served calls before,
-    the signature of a pooled connection the HMS closed while idle. ``started_reply``: part
-    of the reply had already gone to the client.
-    """
-
-    outcome = "connection_error"
-    stale = False
-    started_reply = False
-
-
-class UpstreamUnavailable(UpstreamError):
-    """No metastore connection to be had (none reachable, or all in use)."""
-
-
-class UpstreamUnreachable(UpstreamUnavailable):
-    """No metastore could be connected to (each failure is logged by the pool, once)."""
-
-
-class UpstreamTimeout(UpstreamError):
-    outcome = "timeout"
-
-
-class UpstreamClosed(UpstreamError):
-    """The connection ended mid-call. ``stale``: before any reply byte, on a reused one."""
-
-    def __init__(self, message: str, *, stale: bool = False) -> None:
-        super().__init__(message)
-        self.stale = stale
-
-
-class UpstreamProtocolError(UpstreamError):
-    outcome = "protocol_error"
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """What a client's ``set_ugi`` said, as the bytes of its arguments.
-
-    Keying by the exact bytes means "replay exactly what the client sent"; two clients that
-    encode the same user differently just get separate pools, which is harmless.
-    """
-
-    args: bytes
-
-    def call(self) -> bytes:
-        return encode_header("set_ugi", MessageType.CALL, 0) + self.args
-
-
-@dataclass(eq=False)
-class UpstreamConnection:
-    endpoint: Endpoint
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    replies: MessageReader
-    identity: Identity | None = None
-    calls: int = 0
-    idle_since: float = field(default_factory=time.monotonic)
-    pinned: bool = False
-
-    @property
-    def usable(self) -> bool:
-        """Not closed by either side (an idle HMS connection can be closed under us)."""
-        return not (self.reader.at_eof() or self.writer.is_closing())
-
-    def close(self) -> None:
-        self.writer.close()
+# Opens the byte stream to one endpoint (TCP, with TLS if configured; tests pass their own).
+Opener = Callable[[Endpoint], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
 class UpstreamPool:
     """Connections to the metastore, reused across clients, kept apart by identity."""
 
-    def __init__(self, options: Options, metrics: Metrics) -> None:
+    def __init__(self, options: Options, metrics: Metrics, *, opener: Opener | None = None) -> None:
         self.options = options
         self.metrics = metrics
+        self.timeouts = Timeouts(options.upstream_read_timeout)
         self._tls = upstream_context(options)
+        self._open_stream = opener or self._open_tcp
         self._idle: OrderedDict[Identity | None, deque[UpstreamConnection]] = OrderedDict()
         self._idle_count = 0
         self._open = 0  # idle + in use
@@ -174,10 +111,32 @@ class UpstreamPool:
             return await self._bind(conn, identity)
         return conn
 
+    @contextlib.asynccontextmanager
+    async def connection(
+        self,
+        identity: Identity | None,
+        *,
+        fresh: bool = False,
+        pinned: UpstreamConnection | None = None,
+    ) -> AsyncIterator[UpstreamConnection]:
+        """A connection for one exchange: given back afterwards, or closed if the exchange
+        failed in any way (its reply may be half read: it cannot serve anyone else).
+
+        ``pinned``: the client's own connection, used instead of a pooled one; it is closed
+        the same way on failure (its owner sees ``conn.closed``).
+        """
+        conn = pinned or await self.acquire(identity, fresh=fresh)
+        try:
+            yield conn
+        except BaseException:
+            self.discard(conn)
+            raise
+        self.release(conn, reusable=True)
+
     def release(self, conn: UpstreamConnection, *, reusable: bool) -> None:
         """Give a connection back after a call; closed instead if it cannot be reused."""
         conn.calls += 1
-        if conn.pinned:
+        if conn.pinned or conn.closed:
             return
         if not reusable or self._closed or not conn.usable or conn.replies.buffered:
             self._discard(conn)
@@ -247,6 +206,8 @@ class UpstreamPool:
         return conn
 
     def _discard(self, conn: UpstreamConnection) -> None:
+        if conn.closed:
+            return  # once only: it stopped counting against the limit the first time
         conn.close()
         self._open -= 1
         self._update_gauges()
@@ -278,8 +239,7 @@ class UpstreamPool:
                     self._waiting -= 1
                 return False
             if self._open >= limit:
-                victim = self._pop_oldest_idle()
-                victim.close()
+                self._pop_oldest_idle().close()
                 self._open -= 1
             self._open += 1
         self._update_gauges()
@@ -311,14 +271,7 @@ class UpstreamPool:
         for endpoint in self._endpoint_order():
             try:
                 reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(
-                        endpoint.host,
-                        endpoint.port,
-                        limit=READ_SIZE,
-                        ssl=self._tls,
-                        server_hostname=endpoint.host if self._tls else None,
-                    ),
-                    self.options.upstream_connect_timeout,
+                    self._open_stream(endpoint), self.options.upstream_connect_timeout
                 )
             except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
                 self.metrics.upstream_connects.labels("failed").inc()
@@ -344,10 +297,21 @@ class UpstreamPool:
             return UpstreamConnection(endpoint, reader, writer, replies)
         raise UpstreamUnreachable("no metastore reachable (" + "; ".join(errors) + ")")
 
+    async def _open_tcp(
+        self, endpoint: Endpoint
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection(
+            endpoint.host,
+            endpoint.port,
+            limit=READ_SIZE,
+            ssl=self._tls,
+            server_hostname=endpoint.host if self._tls else None,
+        )
+
     async def _bind(self, conn: UpstreamConnection, identity: Identity) -> UpstreamConnection:
         """Replay ``set_ugi`` on ``conn`` so that it runs as ``identity``."""
         try:
-            reply = await exchange(conn, identity.call(), "set_ugi", 0, self.options)
+            reply = await exchange(conn, identity.call(), "set_ugi", 0, self.timeouts.read)
             if not set_ugi_succeeded(reply):
                 raise UpstreamProtocolError("the metastore refused a replayed set_ugi")
         except BaseException:
@@ -364,27 +328,20 @@ class UpstreamPool:
         self,
         identity: Identity | None,
         method: str,
-        timeout: float = OWN_CALL_TIMEOUT,
+        timeout: float | None = None,
         /,
         **args: object,
     ) -> Message:
         """One call of the proxy's own on a pooled connection running as ``identity``, its
-        whole reply; the connection is closed if the exchange fails (raises UpstreamError)."""
-        conn = await self.acquire(identity)
-        try:
-            reply = await exchange(
-                conn, idl.encode_call(method, 0, **args), method, 0, self.options, timeout
-            )
-        except BaseException:
-            self.discard(conn)
-            raise
-        self.release(conn, reusable=True)
-        return reply
+        whole reply (raises UpstreamError); ``timeout`` defaults to ``Timeouts.own_call``."""
+        request = idl.encode_call(method, 0, **args)
+        async with self.connection(identity) as conn:
+            return await exchange(conn, request, method, 0, timeout or self.timeouts.own_call)
 
     async def probe(self) -> bool:
         """Does a metastore answer a call now? (fb303 ``getStatus``, for readiness.)"""
         try:
-            reply = await self.ask(None, "getStatus", PROBE_TIMEOUT)
+            reply = await self.ask(None, "getStatus", self.timeouts.probe)
         except UpstreamError:
             return False
         return reply.header.type == MessageType.REPLY
@@ -393,81 +350,6 @@ class UpstreamPool:
         self._closed = True
         while self._idle:
             self._discard(self._pop_oldest_idle())
-
-
-async def send(
-    conn: UpstreamConnection, data: bytes, options: Options, timeout: float | None = None
-) -> None:
-    conn.writer.write(options.upstream_transport.frame(data))
-    try:
-        # asyncio.timeout, not wait_for: no extra task per call on the hot path.
-        async with asyncio.timeout(timeout or options.upstream_read_timeout):
-            await conn.writer.drain()
-    except TimeoutError as exc:
-        raise UpstreamTimeout("timed out sending to the metastore") from exc
-    except OSError as exc:
-        raise UpstreamClosed(f"connection lost while sending: {exc}", stale=conn.calls > 0) from exc
-
-
-async def receive(
-    conn: UpstreamConnection,
-    options: Options,
-    *,
-    got_bytes: bool,
-    timeout: float | None = None,
-) -> bytes:
-    """The next bytes from the metastore; errors say whether the connection was stale."""
-    limit = timeout or options.upstream_read_timeout
-    try:
-        async with asyncio.timeout(limit):
-            data = await conn.reader.read(READ_SIZE)
-    except TimeoutError as exc:
-        raise UpstreamTimeout(f"the metastore sent nothing for {limit:g} s") from exc
-    except OSError as exc:
-        raise UpstreamClosed(str(exc), stale=conn.calls > 0 and not got_bytes) from exc
-    if not data:
-        raise UpstreamClosed(
-            "the metastore closed the connection", stale=conn.calls > 0 and not got_bytes
-        )
-    return data
-
-
-def check_reply_header(
-    name: str, seqid: int, reply_name: str, reply_type: int, reply_seqid: int
-) -> None:
-    if reply_type not in (MessageType.REPLY, MessageType.EXCEPTION):
-        raise UpstreamProtocolError(f"metastore sent message type {reply_type} as a reply")
-    if reply_name != name or reply_seqid != seqid:
-        raise UpstreamProtocolError(
-            f"reply {reply_name!r}/{reply_seqid} does not match call {name!r}/{seqid}"
-        )
-
-
-async def exchange(
-    conn: UpstreamConnection,
-    request: bytes,
-    name: str,
-    seqid: int,
-    options: Options,
-    timeout: float | None = None,
-) -> Message:
-    """Send one call and read its whole reply (for the proxy's own small calls)."""
-    await send(conn, request, options, timeout)
-    reader = MessageReader(options.upstream_transport, options.max_reply_bytes)
-    got = False
-    while True:
-        try:
-            message = reader.next_message()
-        except ProtocolError as exc:
-            raise UpstreamProtocolError(str(exc)) from exc
-        if message is not None:
-            h = message.header
-            check_reply_header(name, seqid, h.name, h.type, h.seqid)
-            if reader.buffered:
-                raise UpstreamProtocolError("metastore sent bytes after its reply")
-            return message
-        reader.feed(await receive(conn, options, got_bytes=got, timeout=timeout))
-        got = True
 
 
 def set_ugi_succeeded(reply: Message) -> bool:

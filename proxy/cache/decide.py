@@ -1,0 +1,154 @@
+"""The hit decision, as pure functions of a plan, the versions read and what was found.
+
+No I/O here, the way h11 keeps its state machine apart from its connection: the read path
+(:mod:`.reads`, :mod:`.partition_reads`) reads versions and entries from the store and the
+in-process front, and asks these functions what they mean.
+
+* An entry is served when the fingerprint of the current versions of every scope its plan
+  reads equals the one it was filled under, and it has time left to live.
+* Nothing is served or filled while a write or a lock fences a scope the plan reads
+  (:func:`fenced`): the metastore answers, whatever the cache holds.
+* A scope with no epoch yet has never had anything filled under it: a miss, and the fill
+  makes the epoch first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from proxy import iceberg, idl
+from proxy.cache import entry as codec
+from proxy.cache import locks
+from proxy.cache.keys import EPOCH
+from proxy.cache.plan import ReadPlan, VersionRef
+from proxy.cache.store import FENCED, Versions
+from proxy.wire.binary import MessageType
+from proxy.wire.framing import Message
+
+
+class Result(Enum):
+    HIT = "hit"
+    NEGATIVE_HIT = "negative_hit"
+    MISS = "miss"
+    BYPASS = "bypass"  # neither served nor filled: the metastore answers
+
+
+@dataclass(slots=True)
+class Verdict:
+    result: Result
+    reply: bytes = b""  # the cached reply message, on a hit
+    values: list[bytes | None] = field(default_factory=list)  # versions read, plan order
+
+    @property
+    def hit(self) -> bool:
+        return self.result in (Result.HIT, Result.NEGATIVE_HIT)
+
+
+BYPASS = Verdict(Result.BYPASS)
+
+
+def group(refs: Sequence[VersionRef]) -> dict[str, list[str]]:
+    """The version fields ``refs`` read, by hash (one HMGET each)."""
+    out: dict[str, list[str]] = {}
+    for ref in refs:
+        fields = out.setdefault(ref.key, [])
+        if ref.field not in fields:
+            fields.append(ref.field)
+    return out
+
+
+def fenced(refs: Sequence[VersionRef], versions: Versions) -> bool:
+    """Whether a write fences any hash ``refs`` read, or a lock fences a field they read."""
+    for key, fields in versions.items():
+        if FENCED in fields:
+            return True
+        locked = fields.get(locks.LOCKED)
+        if locked:
+            covered = set(locked.decode().split(","))
+            if any(r.key == key and r.field in covered for r in refs):
+                return True
+    return False
+
+
+def judge(
+    refs: Sequence[VersionRef],
+    versions: Versions,
+    entry: codec.Entry | None,
+    *,
+    serve_iceberg: bool,
+) -> Verdict:
+    """What a whole-reply look-up found: ``entry`` is the candidate (the in-process copy,
+    or the store's entry decoded), ``None`` if there is none."""
+    if fenced(refs, versions):
+        return BYPASS  # a write or a lock is under way: neither serve nor fill
+    values = [versions[r.key][r.field] for r in refs]
+    if entry is None or any(versions[r.key].get(EPOCH) is None for r in refs):
+        return Verdict(Result.MISS, values=values)
+    if entry.fingerprint != codec.fingerprint(values) or entry.ttl <= 0:
+        return Verdict(Result.MISS, values=values)
+    if entry.iceberg and not serve_iceberg:
+        return BYPASS
+    return Verdict(Result.NEGATIVE_HIT if entry.negative else Result.HIT, entry.payload)
+
+
+def judge_stale(
+    refs: Sequence[VersionRef], versions: Versions, entry: codec.Entry | None, window: float
+) -> bytes | None:
+    """``--stale-if-error``: the reply of an entry past its TTL (by at most ``window``) whose
+    versions are still current. Never one a write invalidated or is fencing: stale in time
+    only."""
+    if entry is None or fenced(refs, versions):
+        return None
+    current = codec.fingerprint([versions[r.key][r.field] for r in refs])
+    if entry.fingerprint != current or entry.ttl < -window:
+        return None
+    return entry.payload
+
+
+def partition_fingerprint(
+    versions: Mapping[str, bytes | None], version_field: str, *, present: bool
+) -> bytes:
+    """What one partition's entry is filled under: the table's epoch, its partition set's
+    generation (an absent partition: the set of names), and the partition's own version."""
+    scope = "pgen" if present else "partset"
+    return codec.fingerprint(
+        [versions.get(EPOCH), versions.get(scope), versions.get(version_field)]
+    )
+
+
+def judge_partition(
+    entry: codec.Entry, versions: Mapping[str, bytes | None], version_field: str
+) -> tuple[bool, bytes | None]:
+    """(current?, the partition's struct, or ``None`` for one the metastore does not have)."""
+    if entry.ttl <= 0:
+        return False, None
+    present = not entry.absent
+    current = entry.fingerprint == partition_fingerprint(versions, version_field, present=present)
+    return current, entry.payload if current and present else None
+
+
+def exception_name(method: str, body: bytes) -> str | None:
+    """The declared exception a result carries (``NoSuchObjectException``), if any."""
+    if len(body) < 3 or body[0] == 0 or body[1:3] == b"\x00\x00":
+        return None
+    fid = int.from_bytes(body[1:3], "big", signed=True)
+    spec = idl.result_class(method).thrift_spec.get(fid)
+    return spec[2].__name__ if spec and len(spec) == 4 and hasattr(spec[2], "__name__") else "?"
+
+
+def storable(
+    plan: ReadPlan, reply: Message, *, max_bytes: int, serve_iceberg: bool
+) -> tuple[int, float] | None:
+    """(flags, ttl) to store ``reply`` with, or ``None`` if it must not be stored."""
+    if reply.header.type != MessageType.REPLY or len(reply.data) > max_bytes:
+        return None
+    failure = exception_name(plan.method, reply.body)
+    if failure is None:
+        if iceberg.reply_has_iceberg_table(plan.method, reply.body):
+            return (codec.ICEBERG, plan.ttl) if serve_iceberg else None
+        return 0, plan.ttl
+    if failure == "NoSuchObjectException" and plan.negative_ttl:
+        return codec.NEGATIVE, plan.negative_ttl
+    return None

@@ -1,0 +1,64 @@
+"""The in-process front of a shared store: decoded replies, LRU, bounded in bytes.
+
+An L1 entry is only a copy: it is served on the same fingerprint rule as the store's entry
+(versions are still read from the store), and only until the time the store's entry had
+left to live.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from proxy.cache.entry import Entry
+
+# What an entry costs beyond its key and payload (the Entry, the _Item, the dict slot).
+OVERHEAD_BYTES = 250
+
+
+@dataclass(slots=True)
+class _Item:
+    entry: Entry
+    expires_at: float  # monotonic
+    size: int
+
+
+class L1:
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, _Item] = OrderedDict()
+        self.bytes = 0
+
+    def get(self, key: str) -> Entry | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        if item.expires_at <= time.monotonic():
+            self.pop(key)
+            return None
+        self._items.move_to_end(key)
+        return item.entry
+
+    def put(self, key: str, entry: Entry, ttl: float) -> None:
+        size = len(key) + len(entry.payload) + OVERHEAD_BYTES
+        if size > self.max_bytes // 4 or ttl <= 0:
+            return  # one entry never pushes out most of the others
+        self.pop(key)
+        self._items[key] = _Item(entry, time.monotonic() + ttl, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, old = self._items.popitem(last=False)
+            self.bytes -= old.size
+
+    def pop(self, key: str) -> None:
+        old = self._items.pop(key, None)
+        if old is not None:
+            self.bytes -= old.size
+
+    def clear(self) -> None:
+        self._items.clear()
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._items)

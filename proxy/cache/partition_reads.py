@@ -1,0 +1,243 @@
+"""Read-through for ``get_partitions_by_names``: partition by partition.
+
+Engines ask for overlapping sets of partitions (a query's pruned list, the next query's
+slightly different one), so these replies are cached one partition at a time, each under
+its own version (see :mod:`.keys`), and a reply is assembled from them. What is cached is
+served; only the partitions that are not are fetched, with a request naming just those.
+
+The HMS returns these partitions in partition-name order; an assembled reply keeps that
+order, so it is the reply the HMS would have sent. If the metastore is ever seen answering in
+another order, assembly stops for the life of the process and the calls go through whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from proxy.cache import entry as codec
+from proxy.cache import partitions as parts
+from proxy.cache.decide import Result, fenced, judge_partition, partition_fingerprint
+from proxy.cache.dictionaries import Dictionaries
+from proxy.cache.keys import EPOCH, Naming, partition_field
+from proxy.cache.l1 import L1
+from proxy.cache.plan import PartitionPlan, ReadPlan, VersionRef
+from proxy.cache.reads import ReadCall, Seen, Served
+from proxy.cache.store import CacheUnavailable, Store
+from proxy.metrics import Metrics, method_label
+from proxy.wire.binary import MessageType, encode_header
+from proxy.wire.framing import Message
+
+log = logging.getLogger(__name__)
+
+Values = tuple[str, ...]
+Known = dict[Values, bytes | None]  # None: the metastore does not have that partition
+
+
+@dataclass(slots=True)
+class PartitionLookup:
+    result: Result
+    known: Known = field(default_factory=dict)  # the partitions found current, by values
+    versions: dict[str, bytes | None] = field(default_factory=dict)  # the table's, as read
+
+
+class PartitionReads:
+    def __init__(
+        self,
+        store: Store,
+        naming: Naming,
+        metrics: Metrics,
+        dictionaries: Dictionaries,
+        l1: L1 | None,
+        *,
+        settled: Callable[[], Awaitable[bool]],
+        dictionary_ttl: float,
+        seen: Seen | None,
+    ) -> None:
+        self.store = store
+        self.naming = naming
+        self.metrics = metrics
+        self.dictionaries = dictionaries
+        self.l1 = l1
+        self.settled = settled
+        self.dictionary_ttl = dictionary_ttl
+        self.seen = seen
+        self.assemble = True  # False once the metastore was seen to answer out of order
+
+    async def read(self, plan: ReadPlan, call: ReadCall) -> Served:
+        pp = plan.partitions
+        assert pp is not None
+        look = await self.lookup(plan)
+        result, known = look.result, look.known
+        self.metrics.cache_lookups.labels(method_label(plan.method), result.value).inc()
+        if self.seen is not None:
+            self.seen.looked_up(pp.table, result is Result.HIT)
+        if result is Result.BYPASS:
+            return Served(await call.forward(None, None), "upstream")
+        self.metrics.cache_partitions.labels("hit").inc(len(known))
+        self.metrics.cache_partitions.labels("miss").inc(len(pp.values) - len(known))
+        seqid = call.message.header.seqid
+        if result is Result.HIT:
+            return Served(await call.send(self._assembled(plan, seqid, known)), "cache")
+        missing = [v for v in pp.values if v not in known]
+        versions = await self._fill_versions(pp, look.versions)
+        whole = len(missing) == len(pp.values)
+        request = None
+        if not whole:
+            names = [n for n, v in zip(pp.names, pp.values, strict=True) if v not in known]
+            args = parts.with_names(call.message.body, pp.names_path, names)
+            request = encode_header(plan.method, MessageType.CALL, seqid) + args
+        reply = await call.fetch(request)
+        if isinstance(reply, str):  # the client already has its error
+            return Served(reply, "upstream")
+        got = self._fetched(pp, reply, missing, whole)
+        if got is None:
+            if whole:
+                return Served(await call.send(reply.data), "upstream")
+            # Unexpected shape for a subset: let the HMS answer the whole request instead.
+            return Served(await call.forward(None, None), "upstream")
+        if versions is not None:
+            await self.fill(plan, versions, missing, got)
+        if whole:
+            return Served(await call.send(reply.data), "upstream")
+        return Served(await call.send(self._assembled(plan, seqid, {**known, **got})), "upstream")
+
+    async def lookup(self, plan: ReadPlan) -> PartitionLookup:
+        pp = plan.partitions
+        assert pp is not None
+        if not self.assemble or not await self.settled():
+            return PartitionLookup(Result.BYPASS)
+        key = self.naming.versions(pp.tag)
+        fields = [EPOCH, "pgen", "partset", *pp.fields]
+        entry_keys = pp.entry_keys
+        l1 = self.l1
+        fronts = {k: e for k in entry_keys if l1 is not None and (e := l1.get(k)) is not None}
+        try:
+            versions, found = await self.store.lookup(
+                {key: fields}, [k for k in entry_keys if k not in fronts]
+            )
+        except CacheUnavailable:
+            return PartitionLookup(Result.BYPASS)
+        current = versions[key]
+        if fenced([VersionRef(key, f) for f in fields], versions):
+            return PartitionLookup(Result.BYPASS)
+        out = PartitionLookup(Result.MISS, versions=current)
+        if current.get(EPOCH) is None:
+            return out
+        await self.dictionaries.load(
+            pp.tag, {codec.dictionary_id(v) for v in found.values() if v is not None}
+        )
+        for values, ekey, version_field in zip(pp.values, entry_keys, pp.fields, strict=True):
+            entry = fronts.get(ekey)
+            if entry is None:
+                value = found.get(ekey)
+                if value is None:
+                    continue
+                try:
+                    entry = codec.decode(value, self.dictionaries.get(codec.dictionary_id(value)))
+                except codec.EntryError:
+                    continue
+                current_entry, payload = judge_partition(entry, current, version_field)
+                if current_entry and l1 is not None:
+                    l1.put(ekey, entry, entry.ttl)
+            else:
+                current_entry, payload = judge_partition(entry, current, version_field)
+            if current_entry:
+                out.known[values] = payload
+        if len(out.known) == len(pp.values):
+            out.result = Result.HIT
+        return out
+
+    async def _fill_versions(
+        self, pp: PartitionPlan, seen: dict[str, bytes | None]
+    ) -> dict[str, bytes | None] | None:
+        """Versions to fill partitions under: those read before the upstream call, with an
+        epoch made if the table had none."""
+        if seen.get(EPOCH) is not None:
+            return seen
+        key = self.naming.versions(pp.tag)
+        try:
+            epochs = await self.store.ensure_epochs([key])
+        except CacheUnavailable:
+            return None
+        return {**seen, EPOCH: epochs.get(key)}
+
+    async def fill(
+        self,
+        plan: ReadPlan,
+        versions: dict[str, bytes | None],
+        asked: Sequence[Values],
+        got: dict[Values, bytes],
+    ) -> None:
+        """Store what the HMS returned for ``asked``, and remember the rest as absent."""
+        pp = plan.partitions
+        assert pp is not None
+        compress = self.store.compress
+        dictionary = self.dictionaries.of_table(pp.tag, next(iter(got.values()), None))
+        dictionary = dictionary if compress else None
+        # The in-process copies carry their expiry like decoded ones: look-ups check it.
+        expires = time.time() + plan.ttl
+        items = []
+        for values in asked:
+            present = values in got
+            fp = partition_fingerprint(versions, partition_field(values), present=present)
+            ekey = self.naming.partition_entry(pp.tag, pp.variant, values)
+            if present:
+                entry = codec.Entry(fp, 0, got[values], expires)
+                value = codec.encode(
+                    fp, 0, got[values], plan.ttl, compress=compress, dictionary=dictionary
+                )
+            else:
+                entry = codec.Entry(fp, codec.ABSENT, b"", expires)
+                value = codec.encode(fp, codec.ABSENT, b"", plan.ttl, compress=False)
+            items.append((ekey, value, plan.ttl))
+            if self.l1 is not None:
+                self.l1.put(ekey, entry, plan.ttl)
+        if dictionary is not None:
+            dkey = self.naming.dictionary(pp.tag, dictionary[0].hex())
+            items.append((dkey, dictionary[1], self.dictionary_ttl))
+        try:
+            await self.store.save(items, [self.naming.versions(pp.tag)])
+        except CacheUnavailable:
+            return
+        self.metrics.cache_stored_bytes.inc(sum(len(value) for _, value, _ in items))
+
+    def _fetched(
+        self, pp: PartitionPlan, reply: Message, missing: list[Values], whole: bool
+    ) -> dict[Values, bytes] | None:
+        """The partitions of a reply by their values, if the reply is what was expected."""
+        if reply.header.type != MessageType.REPLY:
+            return None
+        split = parts.split(reply.header.name, reply.body)
+        if split is None:
+            return None
+        wanted = set(missing)
+        got: dict[Values, bytes] = {}
+        for vals, data in split.partitions:
+            if vals not in wanted or vals in got:
+                return None  # not a partition we asked for, or twice: do not guess
+            got[vals] = data
+        if whole:
+            name_of = dict(zip(pp.values, pp.names, strict=True))
+            order = [name_of[v] for v, _ in split.partitions]
+            if order != sorted(order):
+                log.warning(
+                    "the metastore does not return get_partitions_by_names in partition-name "
+                    "order; partitions are no longer cached one by one"
+                )
+                self.assemble = False
+                return None
+        return got
+
+    @staticmethod
+    def _assembled(plan: ReadPlan, seqid: int, known: Known) -> bytes:
+        """The reply the HMS sends for these partitions: those it has, in name order."""
+        pp = plan.partitions
+        assert pp is not None
+        present = sorted(
+            (n, data) for n, v in zip(pp.names, pp.values, strict=True) if (data := known.get(v))
+        )
+        body = parts.assemble(plan.method, [data for _, data in present])
+        return encode_header(plan.method, MessageType.REPLY, seqid) + body

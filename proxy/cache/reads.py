@@ -1,0 +1,206 @@
+"""Read-through for whole replies: look up, serve, or fetch once and fill.
+
+:meth:`WholeReads.read` is the one call the request path makes for a cacheable read. It owns
+the protocol end to end, given a :class:`ReadCall` (the client's call and a way to the
+metastore):
+
+1. **Look up** the versions of every scope the plan reads and the entry (one store round
+   trip; the in-process front, if any, saves fetching the entry). :mod:`.decide` says what
+   that means: hit, miss, or bypass (fenced).
+2. **Fill** uses the versions read before the upstream call started: if a write's bump lands
+   while the call is in flight, the entry is born dead. No stale fill, no locks.
+3. **Single flight**: concurrent misses of one key under one fingerprint share one upstream
+   call. A request that arrives after a write saw different versions and flies alone.
+4. **Stale-if-error**: while the metastore cannot be reached, an entry past its TTL whose
+   versions are still current may answer (``--stale-if-error``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from proxy.cache import entry as codec
+from proxy.cache.decide import BYPASS, Result, Verdict, group, judge, judge_stale, storable
+from proxy.cache.dictionaries import Dictionaries
+from proxy.cache.keys import EPOCH, TableRef
+from proxy.cache.l1 import L1
+from proxy.cache.plan import ReadPlan
+from proxy.cache.store import CacheUnavailable, Store
+from proxy.metrics import Metrics, method_label
+from proxy.wire.framing import Message
+
+Keep = Callable[[Message], Awaitable[None]]
+Fallback = Callable[[], Awaitable[bool]]
+
+
+class ReadCall(Protocol):
+    """One client's read, as the cache needs it: its request, a way to answer it, and a way
+    to the metastore. Each answering method returns the call's outcome label."""
+
+    message: Message
+
+    async def serve(self, cached: bytes) -> str:
+        """Send a reply the cache holds, with the caller's seqid."""
+
+    async def send(self, reply: bytes) -> str:
+        """Send a reply message that already carries the caller's seqid."""
+
+    async def forward(self, keep: Keep | None, fallback: Fallback | None) -> str:
+        """Relay the call from the metastore; ``keep`` gets the whole reply, ``fallback``
+        may answer instead when the metastore cannot be reached."""
+
+    async def fetch(self, request: bytes | None) -> Message | str:
+        """Send ``request`` (``None``: the client's own) and hold the whole reply; a string
+        is the outcome of a failure the client has already been told of."""
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    outcome: str  # the call's outcome label (ok, user_error, upstream_error, ...)
+    source: str  # "cache" or "upstream"
+
+
+class Seen(Protocol):
+    """Where looked-up tables are counted (the status page)."""
+
+    def looked_up(self, table: TableRef, hit: bool) -> None: ...
+
+
+class WholeReads:
+    def __init__(
+        self,
+        store: Store,
+        metrics: Metrics,
+        dictionaries: Dictionaries,
+        l1: L1 | None,
+        *,
+        settled: Callable[[], Awaitable[bool]],
+        serve_iceberg: Callable[[], bool],
+        max_entry_bytes: int,
+        stale_window: float,
+        seen: Seen | None,
+    ) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.dictionaries = dictionaries
+        self.l1 = l1
+        # False while invalidations the store did not take are pending: no hits until then.
+        self.settled = settled
+        self.serve_iceberg = serve_iceberg
+        self.max_entry_bytes = max_entry_bytes
+        self.stale_window = stale_window
+        self.seen = seen
+        self._flights: dict[tuple[str, bytes], asyncio.Future[bytes | None]] = {}
+
+    async def read(self, plan: ReadPlan, call: ReadCall) -> Served:
+        """Answer ``call`` from the cache, or from the metastore while filling the cache."""
+        look = await self.lookup(plan)
+        self.metrics.cache_lookups.labels(method_label(plan.method), look.result.value).inc()
+        if plan.table is not None and self.seen is not None:
+            self.seen.looked_up(plan.table, look.hit)
+        if look.hit:
+            return Served(await call.serve(look.reply), "cache")
+        fp = None if look.result is Result.BYPASS else await self.fill_fingerprint(plan, look)
+        if fp is None:
+            return Served(await call.forward(None, None), "upstream")
+        flight = self._flights.get((plan.key, fp))
+        if flight is not None:  # the same request under the same versions is on its way
+            shared = await flight
+            if shared is not None:
+                return Served(await call.serve(shared), "cache")
+            return Served(await call.forward(None, None), "upstream")
+        self._flights[(plan.key, fp)] = asyncio.get_running_loop().create_future()
+        kept: list[bytes] = []
+
+        async def keep(reply: Message) -> None:
+            if await self.fill(plan, fp, reply):
+                kept.append(reply.data)
+
+        async def stale() -> bool:
+            cached = await self.stale(plan)
+            if cached is None:
+                return False
+            self.metrics.stale_replies.labels(method_label(plan.method)).inc()
+            await call.serve(cached)
+            return True
+
+        try:
+            outcome = await call.forward(keep, stale if self.stale_window > 0 else None)
+        finally:
+            future = self._flights.pop((plan.key, fp))
+            future.set_result(kept[0] if kept else None)
+        return Served(outcome, "upstream")
+
+    async def lookup(self, plan: ReadPlan) -> Verdict:
+        if not await self.settled():
+            return BYPASS
+        front = self.l1.get(plan.key) if self.l1 is not None else None
+        try:
+            versions, found = await self.store.lookup(
+                group(plan.refs), [] if front is not None else [plan.key]
+            )
+        except CacheUnavailable:
+            return BYPASS
+        entry = front
+        value = found.get(plan.key)
+        if entry is None and value is not None:
+            try:
+                entry = codec.decode(value, await self.dictionaries.for_value(value, plan.tag))
+            except codec.EntryError:
+                entry = None
+        verdict = judge(plan.refs, versions, entry, serve_iceberg=self.serve_iceberg())
+        if verdict.hit and front is None and entry is not None and self.l1 is not None:
+            self.l1.put(plan.key, entry, entry.ttl)
+        return verdict
+
+    async def stale(self, plan: ReadPlan) -> bytes | None:
+        """An expired entry whose versions are still current (see :func:`.judge_stale`)."""
+        try:
+            versions, found = await self.store.lookup(group(plan.refs), [plan.key])
+        except CacheUnavailable:
+            return None
+        value = found.get(plan.key)
+        if value is None:
+            return None
+        try:
+            entry = codec.decode(value, await self.dictionaries.for_value(value, plan.tag))
+        except codec.EntryError:
+            return None
+        return judge_stale(plan.refs, versions, entry, self.stale_window)
+
+    async def fill_fingerprint(self, plan: ReadPlan, miss: Verdict) -> bytes | None:
+        """The fingerprint a fill for ``miss`` must carry; makes missing epochs first."""
+        values = list(miss.values)
+        missing = [i for i, r in enumerate(plan.refs) if r.field == EPOCH and values[i] is None]
+        if missing:
+            try:
+                epochs = await self.store.ensure_epochs(sorted({plan.refs[i].key for i in missing}))
+            except CacheUnavailable:
+                return None
+            for i in missing:
+                values[i] = epochs.get(plan.refs[i].key)
+            if any(values[i] is None for i in missing):
+                return None
+        return codec.fingerprint(values)
+
+    async def fill(self, plan: ReadPlan, fp: bytes, reply: Message) -> bool:
+        how = storable(
+            plan, reply, max_bytes=self.max_entry_bytes, serve_iceberg=self.serve_iceberg()
+        )
+        if how is None:
+            return False
+        flags, ttl = how
+        stored = codec.encode(fp, flags, reply.data, ttl, compress=self.store.compress)
+        keep = ttl + self.stale_window  # kept past its TTL only to be served while the HMS is down
+        try:
+            await self.store.save([(plan.key, stored, keep)], sorted({r.key for r in plan.refs}))
+        except CacheUnavailable:
+            return False
+        self.metrics.cache_stored_bytes.inc(len(stored))
+        if self.l1 is not None:
+            self.l1.put(plan.key, codec.Entry(fp, flags, reply.data, time.time() + ttl), ttl)
+        return True

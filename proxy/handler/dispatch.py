@@ -1,0 +1,104 @@
+"""What happens to one call: look it up in the catalog, then serve it, forward it, or both.
+
+* **Cacheable reads** go through the cache (:mod:`.reads`).
+* **Writes** go to the HMS; their reply is held until the scopes they change are
+  invalidated, then sent (:mod:`.writes`); lock calls fence the tables they name.
+* **Session calls** (``set_ugi``, ``setMetaConf``) change their connection (:mod:`.identity`).
+* **Everything else** (other reads, unknown methods) is forwarded (:mod:`.forward`).
+
+The reply to a client is the metastore's reply byte for byte. Requests are forwarded as they
+came (old non-strict headers are rewritten to the strict form the HMS requires), so the HMS
+echoes the client's own seqid; cached replies get the caller's seqid patched in.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from proxy import catalog, idl
+from proxy.cache import locks
+from proxy.cache.engine import CacheEngine
+from proxy.catalog import Kind
+from proxy.handler.forward import Forwarder, fail
+from proxy.handler.identity import Identities
+from proxy.handler.reads import cached_read
+from proxy.handler.session import ClientGone, NoReply, SessionState
+from proxy.handler.writes import Writes
+from proxy.metrics import Metrics, method_label
+from proxy.upstream import ClientChannel, UpstreamPool
+from proxy.wire.binary import AppErrorType, MessageType
+from proxy.wire.framing import Message
+
+log = logging.getLogger(__name__)
+
+
+class CallHandler:
+    def __init__(
+        self,
+        pool: UpstreamPool,
+        metrics: Metrics,
+        cache: CacheEngine | None = None,
+        *,
+        max_reply_bytes: int,
+        check_iceberg_base: bool = True,
+    ) -> None:
+        self.pool = pool
+        self.metrics = metrics
+        self.cache = cache
+        keep_limit = cache.max_entry_bytes if cache is not None else max_reply_bytes
+        self.forwarder = Forwarder(pool, metrics, pool.timeouts, keep_limit)
+        self.identities = Identities(pool, self.forwarder)
+        self.writes = (
+            Writes(cache, self.forwarder, pool, check_iceberg_base=check_iceberg_base)
+            if cache is not None
+            else None
+        )
+
+    async def handle(self, session: SessionState, message: Message, client: ClientChannel) -> None:
+        """Answer one call. Raises ClientGone when the client connection must be closed."""
+        header = message.header
+        if header.type == MessageType.ONEWAY:
+            client = NoReply(client.transport)
+        label = method_label(header.name)
+        spec = catalog.lookup(header.name)
+        started = time.perf_counter()
+        source = "upstream"
+        try:
+            if header.name == "set_ugi":
+                outcome = await self.identities.set_ugi(session, message, client)
+            elif spec is not None and spec.kind is Kind.SESSION:
+                outcome = await self.identities.pinned_call(session, message, client)
+            elif spec is not None and spec.kind is Kind.CACHEABLE_READ and self.cache is not None:
+                served = await cached_read(
+                    self.cache, self.forwarder, session, message, client, spec
+                )
+                outcome, source = served.outcome, served.source
+            elif self.writes is not None and header.name in locks.LOCK_METHODS:
+                outcome = await self.writes.locking(session, message, client)
+            elif self.writes is not None and (spec is None or spec.kind is Kind.WRITE):
+                outcome = await self.writes.write(session, message, client, spec)
+            else:
+                oneway = header.name in idl.oneway_methods()  # the metastore sends no reply
+                retries = 1 if spec is not None and spec.retryable else 0
+                outcome = await self.forwarder.forward(
+                    session, message, client, oneway=oneway, retries=retries
+                )
+        except ClientGone:
+            self.metrics.requests.labels(label, "upstream_error").inc()
+            raise
+        except ConnectionError as exc:  # the client's side, while it was being answered
+            self.metrics.requests.labels(label, "client_gone").inc()
+            raise ClientGone(f"client connection lost: {exc}") from exc
+        except Exception:
+            self.metrics.requests.labels(label, "internal_error").inc()
+            log.exception("%s: internal error answering %s", session.peer, header.name)
+            await fail(
+                client, message, AppErrorType.INTERNAL_ERROR, "hms-cache-proxy internal error"
+            )
+            return
+        self.metrics.requests.labels(label, outcome).inc()
+        self.metrics.request_duration.labels(label, source).observe(time.perf_counter() - started)
+
+    def end_session(self, session: SessionState) -> None:
+        self.identities.end_session(session)

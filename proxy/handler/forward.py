@@ -1,0 +1,193 @@
+"""Forwarding a call to the metastore: a pooled (or the client's own) connection, one retry
+of a stale pooled connection, the reply relayed, and every failure answered.
+
+When the metastore cannot be reached or stays silent past the read timeout, the client gets
+a ``TApplicationException`` promptly (engines treat it as retryable). When the metastore
+hangs up during a call, the client's connection is closed too, which is what the client
+would have seen talking to the HMS directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from proxy.handler.session import ClientGone, SessionState
+from proxy.metrics import Metrics, method_label
+from proxy.upstream import (
+    ClientChannel,
+    Timeouts,
+    UpstreamClosed,
+    UpstreamConnection,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamUnreachable,
+    relay,
+)
+from proxy.upstream.relay import OnReply, send
+from proxy.wire.binary import AppErrorType, MessageType, encode_application_exception, encode_header
+from proxy.wire.framing import Message
+
+log = logging.getLogger(__name__)
+
+# Answers a failed call instead, if it can (a stale cached reply): True if it did.
+Fallback = Callable[[], Awaitable[bool]]
+
+
+def upstream_request(message: Message) -> bytes:
+    """The request as the HMS must see it: strict header, body untouched."""
+    h = message.header
+    if h.strict:
+        return message.data
+    return encode_header(h.name, h.type, h.seqid) + message.body
+
+
+class Forwarder:
+    def __init__(
+        self, pool: UpstreamPool, metrics: Metrics, timeouts: Timeouts, keep_limit: int
+    ) -> None:
+        self.pool = pool
+        self.metrics = metrics
+        self.timeouts = timeouts
+        self.keep_limit = keep_limit  # the largest reply kept whole while it is streamed
+
+    async def forward(
+        self,
+        session: SessionState,
+        message: Message,
+        client: ClientChannel,
+        *,
+        oneway: bool = False,
+        retries: int = 0,
+        keep: OnReply | None = None,
+        fallback: Fallback | None = None,
+    ) -> str:
+        """Send the call upstream and relay the reply to ``client``; returns the outcome."""
+        result = await self.call(
+            session, message, client, oneway=oneway, retries=retries, keep=keep, fallback=fallback
+        )
+        assert isinstance(result, str)
+        return result
+
+    async def call(
+        self,
+        session: SessionState,
+        message: Message,
+        client: ClientChannel,
+        *,
+        hold: bool = False,
+        oneway: bool = False,
+        retries: int = 0,
+        request: bytes | None = None,
+        keep: OnReply | None = None,
+        fallback: Fallback | None = None,
+    ) -> str | Message:
+        """Send the call upstream (retrying a stale pooled connection up to ``retries``).
+
+        The reply is relayed to ``client`` and the outcome label returned; with ``hold`` it is
+        returned whole instead, for the caller to send. Failures are answered to the client
+        either way, and their outcome label returned; unless ``fallback`` answers them (a
+        stale cached reply while the metastore is unreachable).
+        """
+        request = request if request is not None else upstream_request(message)
+        relay_to = None if hold else client
+        attempt = 0
+        while True:
+            conn: UpstreamConnection | None = None
+            try:
+                async with self.pool.connection(
+                    session.identity, fresh=attempt > 0, pinned=session.pinned
+                ) as conn:
+                    return await self._exchange(conn, request, message, relay_to, oneway, keep)
+            except UpstreamError as exc:
+                if conn is None:  # no connection to be had
+                    return await self._failed(client, message, exc, fallback)
+                if session.lost_pin():
+                    raise ClientGone(f"pinned metastore connection failed: {exc}") from exc
+                if exc.stale and attempt < retries:
+                    attempt += 1
+                    log.info(
+                        "%s: pooled metastore connection was stale, retrying %s",
+                        session.peer,
+                        message.header.name,
+                    )
+                    continue
+                if exc.started_reply or isinstance(exc, UpstreamClosed):
+                    # The HMS hung up on this call (or part of its reply already went out):
+                    # the client sees its connection end, as it would talking to the HMS.
+                    raise ClientGone(f"metastore ended the call: {exc}") from exc
+                return await self._failed(client, message, exc, fallback)
+            except BaseException:
+                # The client went away mid-reply (or the task was cancelled): the pool closed
+                # the connection, whose reply may be half read.
+                session.lost_pin()
+                raise
+
+    async def _exchange(
+        self,
+        conn: UpstreamConnection,
+        request: bytes,
+        message: Message,
+        client: ClientChannel | None,
+        oneway: bool,
+        keep: OnReply | None,
+    ) -> str | Message:
+        """Send ``request`` on ``conn`` and relay (or return) the reply."""
+        header = message.header
+        label = method_label(header.name)
+        started = time.perf_counter()
+        try:
+            await send(conn, request, self.timeouts.read)
+            if oneway:
+                self.metrics.upstream_requests.labels(label, "ok").inc()
+                return "ok"
+            result = await relay(
+                conn,
+                header.name,
+                header.seqid,
+                client,
+                self.timeouts.read,
+                on_reply=keep,
+                keep_limit=self.keep_limit,
+            )
+        except UpstreamError as exc:
+            self.metrics.upstream_requests.labels(label, exc.outcome).inc()
+            raise
+        self.metrics.upstream_requests.labels(label, "ok").inc()
+        self.metrics.upstream_duration.labels(label).observe(time.perf_counter() - started)
+        return result
+
+    async def _failed(
+        self,
+        client: ClientChannel,
+        message: Message,
+        exc: UpstreamError,
+        fallback: Fallback | None,
+    ) -> str:
+        if fallback is not None and await fallback():
+            return "ok"
+        return await self.upstream_failed(client, message, exc)
+
+    async def upstream_failed(self, client: ClientChannel, message: Message, exc: Exception) -> str:
+        # An unreachable metastore is logged once by the pool, not once per call.
+        (log.debug if isinstance(exc, UpstreamUnreachable) else log.warning)(
+            "call %s failed at the metastore: %s", message.header.name, exc
+        )
+        await fail(
+            client,
+            message,
+            AppErrorType.INTERNAL_ERROR,
+            f"hms-cache-proxy: metastore call failed: {exc}",
+        )
+        return "upstream_error"
+
+
+async def fail(client: ClientChannel, message: Message, kind: AppErrorType, text: str) -> None:
+    """Answer the call with a ``TApplicationException`` (a oneway caller reads no reply)."""
+    h = message.header
+    if h.type == MessageType.ONEWAY:
+        return
+    await client.send(
+        client.transport.frame(encode_application_exception(h.name, h.seqid, kind, text))
+    )

@@ -1,0 +1,71 @@
+"""Calls that change their connection's state: ``set_ugi`` (which binds a user to it for its
+whole life) and the ones the proxy cannot reproduce on another connection (``setMetaConf``),
+for which the client keeps a connection of its own (see :mod:`proxy.upstream.pool`)."""
+
+from __future__ import annotations
+
+from proxy.handler.forward import Forwarder, upstream_request
+from proxy.handler.session import SessionState
+from proxy.upstream import (
+    ClientChannel,
+    Identity,
+    UpstreamError,
+    UpstreamPool,
+    exchange,
+    result_outcome,
+    set_ugi_succeeded,
+)
+from proxy.wire.binary import with_seqid
+from proxy.wire.framing import Message
+
+
+class Identities:
+    def __init__(self, pool: UpstreamPool, forwarder: Forwarder) -> None:
+        self.pool = pool
+        self.forwarder = forwarder
+
+    async def set_ugi(self, session: SessionState, message: Message, client: ClientChannel) -> str:
+        """``set_ugi``: answer from a bound connection's reply, or bind a connection now."""
+        identity = Identity(message.body)
+        seqid = message.header.seqid
+        if session.identity is None and session.pinned is None:
+            known = self.pool.ugi_reply(identity)
+            if known is not None:
+                session.identity = identity
+                await client.send(
+                    client.transport.frame(with_seqid(known.data, known.header, seqid))
+                )
+                return "ok"
+        timeout = self.pool.timeouts.read
+        try:
+            async with self.pool.connection(session.identity, pinned=session.pinned) as conn:
+                reply = await exchange(conn, upstream_request(message), "set_ugi", seqid, timeout)
+                if set_ugi_succeeded(reply):
+                    self.pool.bind(conn, identity)
+                    self.pool.remember_ugi_reply(identity, reply)
+                    session.identity = identity
+                else:
+                    # The HMS refused (or already had an identity): the state is unknown.
+                    self.pool.discard(conn)
+        except UpstreamError as exc:
+            session.lost_pin()
+            return await self.forwarder.upstream_failed(client, message, exc)
+        session.lost_pin()
+        await client.send(client.transport.frame(reply.data))
+        return result_outcome(reply.header.type, reply.body[:3])
+
+    async def pinned_call(
+        self, session: SessionState, message: Message, client: ClientChannel
+    ) -> str:
+        """A call that changes its connection's state: from now on this client keeps it."""
+        if session.pinned is None:
+            try:
+                session.pinned = await self.pool.pin(session.identity)
+            except UpstreamError as exc:
+                return await self.forwarder.upstream_failed(client, message, exc)
+        return await self.forwarder.forward(session, message, client)
+
+    def end_session(self, session: SessionState) -> None:
+        if session.pinned is not None:
+            self.pool.discard(session.pinned)
+            session.pinned = None

@@ -1,0 +1,46 @@
+"""What the proxy knows about one client connection, and how a call ends it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.upstream import Identity, UpstreamConnection
+from proxy.wire.framing import Transport
+
+
+class ClientGone(Exception):
+    """The client connection must be closed (its reply can no longer be completed)."""
+
+
+@dataclass
+class SessionState:
+    """What the proxy remembers about one client connection."""
+
+    peer: str
+    identity: Identity | None = None  # what its set_ugi said, if it called it
+    pinned: UpstreamConnection | None = None  # its own metastore connection (setMetaConf)
+    calls: int = 0
+
+    def lost_pin(self) -> bool:
+        """Whether the client's own connection was closed (after a failed exchange): it is
+        forgotten, and the client must be disconnected, since its state is gone."""
+        if self.pinned is not None and self.pinned.closed:
+            self.pinned = None
+            return True
+        return False
+
+
+class NoReply:
+    """The channel of a call the client sent as ONEWAY: it reads no reply, so the answer is
+    dropped. Whether the metastore replies depends on the method, not on the message type
+    (a Java processor answers every method that is not declared oneway), so that reply is
+    still read off the pooled connection, where it would otherwise answer the next caller."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+
+    async def send(self, data: bytes) -> None:
+        pass
+
+    async def send_message(self, head: bytes, rest: memoryview) -> None:
+        pass

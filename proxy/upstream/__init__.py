@@ -1,0 +1,33 @@
+"""The metastore side: a pool of connections (:mod:`.pool`), one call on one of them
+(:mod:`.relay`), and how such a call fails (:mod:`.errors`)."""
+
+from proxy.upstream.connection import Identity, UpstreamConnection
+from proxy.upstream.errors import (
+    UpstreamClosed,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    UpstreamUnreachable,
+)
+from proxy.upstream.pool import Opener, UpstreamPool, set_ugi_succeeded
+from proxy.upstream.relay import ClientChannel, Timeouts, exchange, relay, result_outcome
+
+__all__ = [
+    "ClientChannel",
+    "Identity",
+    "Opener",
+    "Timeouts",
+    "UpstreamClosed",
+    "UpstreamConnection",
+    "UpstreamError",
+    "UpstreamPool",
+    "UpstreamProtocolError",
+    "UpstreamTimeout",
+    "UpstreamUnavailable",
+    "UpstreamUnreachable",
+    "exchange",
+    "relay",
+    "result_outcome",
+    "set_ugi_succeeded",
+]

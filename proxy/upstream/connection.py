@@ -1,0 +1,47 @@
+"""One connection to the metastore, and the identity ``set_ugi`` bound to it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from proxy.config import Endpoint
+from proxy.wire.binary import MessageType, encode_header
+from proxy.wire.framing import MessageReader
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """What a client's ``set_ugi`` said, as the bytes of its arguments.
+
+    Keying by the exact bytes means "replay exactly what the client sent"; two clients that
+    encode the same user differently just get separate pools, which is harmless.
+    """
+
+    args: bytes
+
+    def call(self) -> bytes:
+        return encode_header("set_ugi", MessageType.CALL, 0) + self.args
+
+
+@dataclass(eq=False)
+class UpstreamConnection:
+    endpoint: Endpoint
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    replies: MessageReader  # its transport and reply size limit are the connection's
+    identity: Identity | None = None
+    calls: int = 0
+    idle_since: float = field(default_factory=time.monotonic)
+    pinned: bool = False
+    closed: bool = False  # closed by the pool: it no longer counts against the limit
+
+    @property
+    def usable(self) -> bool:
+        """Not closed by either side (an idle HMS connection can be closed under us)."""
+        return not (self.closed or self.reader.at_eof() or self.writer.is_closing())
+
+    def close(self) -> None:
+        self.closed = True
+        self.writer.close()
