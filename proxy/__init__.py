@@ -6,15 +6,21 @@ How a call flows::
                          |  wire.framing.MessageReader: bytes -> messages (sans-I/O;
                          |  wire.binary.StructScanner finds where unframed messages end)
                          v
-                       handler.CallHandler: catalog.lookup(method) says read / write / session
-                         |  forwards the request untouched, relays the reply byte for byte
+                       handler.dispatch.CallHandler: catalog.lookup(method) picks the way
+                         |-- reads:    cache.engine.CacheEngine.read (plan, decide, look up,
+                         |             single flight, fill), the metastore on a miss
+                         |-- writes:   fence, forward, invalidate, then answer the writer
+                         |-- identity: set_ugi and pinned connections
                          v
-                       upstream.UpstreamPool: pooled HMS connections, keyed by set_ugi identity,
-                         failover across the configured URIs, timeouts, one retry of a read
-                         on a stale pooled connection
+                       handler.forward.Forwarder -> upstream.relay (one call, the reply
+                         streamed or held) on a connection of upstream.pool.UpstreamPool
+                         (pooled, keyed by set_ugi identity, failover, one retry of a read
+                         on a stale pooled connection)
 
-The sans-I/O core (``wire/``, ``catalog``, ``config``) opens no sockets; ``server``,
-``upstream``, ``http`` and ``app`` are the I/O edges. ``metrics`` holds every metric.
+The sans-I/O core (``wire/``, ``catalog``, ``config``, and in ``cache/``: ``keys``,
+``plan``, ``decide``, ``entry``, ``partitions``, ``locks``, ``events``) opens no sockets;
+``server``, ``upstream``, ``cache.redis_store``, ``http``, ``admin`` and ``app`` are the I/O
+edges. ``metrics`` holds every metric.
 """
 
 __version__ = "0.1.0"

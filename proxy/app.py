@@ -97,7 +97,7 @@ class Proxy:
             follower,
         )
         service = AdminService(handler, cache, metrics, follower)
-        listing = ListingService(options, service, cache, metrics)
+        listing = ListingService(options, service.calls, cache, metrics)
         proxy.admin = AdminServer(options, service, proxy.readiness_checks, listing)
         admin = proxy.admin
         proxy.http.readiness = lambda: (admin.ready, admin.last_checks)

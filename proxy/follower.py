@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from proxy import idl
 from proxy.cache.engine import CacheEngine
-from proxy.cache.events import KNOWN, Event, invalidation_for
+from proxy.cache.events import KNOWN, SKIPPED, Event, invalidation_for
 from proxy.cache.store import CacheUnavailable
 from proxy.config import Options
 from proxy.metrics import Metrics
@@ -71,6 +71,8 @@ class NotificationFollower:
         self._writes_seen = 0
         self._last_success = time.time()
         metrics.notification_enabled.set(1)
+        for kind in [*sorted(KNOWN - SKIPPED), "other"]:
+            metrics.notification_events.labels(kind)  # at zero, so rate() works from the start
 
     async def first_poll(self, wait: float) -> None:
         try:

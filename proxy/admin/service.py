@@ -17,48 +17,13 @@ from proxy import idl
 from proxy.admin._gen import admin_pb2 as pb
 from proxy.admin._gen import admin_pb2_grpc as pb_grpc
 from proxy.cache.engine import CacheEngine
-from proxy.cache.keys import DatabaseRef, TableRef
+from proxy.cache.keys import DatabaseRef, TableRef, partition_name
 from proxy.catalog import EVERYTHING_OF_A_TABLE, Scope
-from proxy.handler import CallHandler, SessionState
+from proxy.handler import CallHandler
 from proxy.metrics import Metrics
-from proxy.wire.binary import MessageType, parse_header
-from proxy.wire.framing import Message, Transport
+from proxy.own_calls import MetastoreFailure, OwnCalls
 
 log = logging.getLogger(__name__)
-
-
-class MetastoreFailure(LookupError):
-    """The metastore answered with one of the method's declared exceptions."""
-
-    def __init__(self, method: str, exception: Any) -> None:
-        super().__init__(f"{method}: {exception}")
-        self.exception = exception
-
-    @property
-    def not_found(self) -> bool:
-        return type(self.exception).__name__ in ("NoSuchObjectException", "UnknownDBException")
-
-    @property
-    def status(self) -> grpc.StatusCode:
-        """NOT_FOUND for a missing object; INVALID_ARGUMENT for what the metastore refused
-        (a partition filter it cannot parse is a MetaException)."""
-        return grpc.StatusCode.NOT_FOUND if self.not_found else grpc.StatusCode.INVALID_ARGUMENT
-
-
-class _Keeper:
-    """A client channel that keeps the reply instead of sending it anywhere."""
-
-    transport = Transport.BUFFERED
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-
-    async def send(self, data: bytes) -> None:
-        self.data += data
-
-    async def send_message(self, head: bytes, rest: memoryview) -> None:
-        self.data += head
-        self.data += rest
 
 
 class AdminService(pb_grpc.AdminServicer):
@@ -69,11 +34,11 @@ class AdminService(pb_grpc.AdminServicer):
         metrics: Metrics,
         follower: Any = None,
     ) -> None:
-        self.handler = handler
         self.engine = engine
         self.metrics = metrics
         self.follower = follower
-        self._seqid = 0
+        self.calls = OwnCalls(handler)
+        self.call = self.calls.call
 
     async def _engine(self, context: grpc.aio.ServicerContext[Any, Any]) -> CacheEngine:
         if self.engine is None:
@@ -82,26 +47,6 @@ class AdminService(pb_grpc.AdminServicer):
             )
         assert self.engine is not None
         return self.engine
-
-    # -- calls through the handler -------------------------------------------------------------
-
-    async def call(self, method: str, **args: Any) -> Any:
-        """Make one metastore call through the proxy's own path; the decoded result."""
-        self._seqid += 1
-        data = idl.encode_call(method, self._seqid, **args)
-        header = parse_header(data, 0, len(data))
-        assert header is not None
-        keeper = _Keeper()
-        await self.handler.handle(SessionState(peer="admin"), Message(header, data), keeper)
-        reply = bytes(keeper.data)
-        got = parse_header(reply, 0, len(reply))
-        if got is None or got.type != MessageType.REPLY:
-            raise RuntimeError(f"{method} failed at the metastore")
-        result = idl.decode_result(method, reply[got.length :])
-        if result.success is None:
-            failures = [v for k, v in vars(result).items() if k != "success" and v is not None]
-            raise MetastoreFailure(method, failures[0] if failures else "no result")
-        return result.success
 
     # -- rpcs ------------------------------------------------------------------------------
 
@@ -265,22 +210,3 @@ class AdminService(pb_grpc.AdminServicer):
         except RuntimeError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         yield pb.WarmProgress(stage="done", partitions_total=len(names), partitions_done=len(names))
-
-
-def escape_path_name(text: str) -> str:
-    """Hive's partition-path escaping (FileUtils.escapePathName)."""
-    special = set("\"#%'*/:=?\\\x7f{[]^")
-    out = []
-    for ch in text:
-        if ord(ch) < 0x20 or ch in special:
-            out.append(f"%{ord(ch):02X}")
-        else:
-            out.append(ch)
-    return "".join(out) or "__HIVE_DEFAULT_PARTITION__"
-
-
-def partition_name(keys: list[str], values: list[str]) -> str:
-    return "/".join(
-        f"{escape_path_name(k.lower())}={escape_path_name(v)}"
-        for k, v in zip(keys, values, strict=True)
-    )

@@ -155,10 +155,6 @@ class Naming:
     def dictionary(self, tag: str, dict_id: str) -> str:
         return f"{self.prefix}{{{tag}}}:z:{dict_id}"
 
-    def tables_of(self, database: DatabaseRef) -> str:
-        """A set of the table tags of ``database`` that have entries (for dropping it)."""
-        return f"{self.prefix}{{{database.tag}}}:tables"
-
     def coordination(self, name: str) -> str:
         """Keys proxies coordinate through (the follower's lease and position); a flush
         leaves them alone, or the follower would lose its place with every flush it makes."""
@@ -171,3 +167,22 @@ class Naming:
 
 def digest(*parts: str | bytes) -> str:
     return _digest(*parts, size=16)
+
+
+def escape_path_name(text: str) -> str:
+    """Hive's partition-path escaping (FileUtils.escapePathName)."""
+    special = set("\"#%'*/:=?\\\x7f{[]^")
+    out = []
+    for ch in text:
+        if ord(ch) < 0x20 or ch in special:
+            out.append(f"%{ord(ch):02X}")
+        else:
+            out.append(ch)
+    return "".join(out) or "__HIVE_DEFAULT_PARTITION__"
+
+
+def partition_name(keys: list[str], values: list[str]) -> str:
+    return "/".join(
+        f"{escape_path_name(k.lower())}={escape_path_name(v)}"
+        for k, v in zip(keys, values, strict=True)
+    )

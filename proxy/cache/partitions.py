@@ -5,8 +5,9 @@ ascending order of partition name (its SQL says ``order by PART_NAME``). So a re
 cut into the original bytes of each partition, each stored on its own, and any later
 request rebuilt from them: list header, the partitions' bytes in name order, end of struct.
 That rebuilt reply is byte for byte what the HMS would send, provided the order assumption
-holds; the engine checks it against every complete reply the HMS sends and stops
-assembling if the HMS ever orders differently (say, a case-insensitive database collation).
+holds; the read path (:mod:`.partition_reads`) checks it on every reply it fetches whole and
+stops assembling if the HMS ever orders differently (say, a case-insensitive database
+collation).
 """
 
 from __future__ import annotations

@@ -89,7 +89,6 @@ class PartitionPlan:
     values: tuple[tuple[str, ...], ...]  # parsed from ``names``
     variant: str  # what else shapes a partition's bytes (method, other arguments, identity)
     names_path: tuple[int, ...]  # field ids leading to the names list in the arguments
-    refs_common: tuple[VersionRef, ...]  # epoch, pgen, partset
     fields: tuple[str, ...] = ()  # the version field of each partition, as ``values``
     entry_keys: tuple[str, ...] = ()  # where each partition is stored, as ``values``
 
@@ -297,7 +296,6 @@ class Planner:
         if other is None:
             return None
         tag = table.tag
-        key = self.naming.versions(tag)
         variant = digest(spec.name, other, who)
         return PartitionPlan(
             table=table,
@@ -306,11 +304,6 @@ class Planner:
             values=values,
             variant=variant,
             names_path=names_path,
-            refs_common=(
-                VersionRef(key, EPOCH),
-                VersionRef(key, "pgen"),
-                VersionRef(key, "partset"),
-            ),
             fields=tuple(partition_field(v) for v in values),
             entry_keys=tuple(self.naming.partition_entry(tag, variant, v) for v in values),
         )

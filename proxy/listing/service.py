@@ -17,21 +17,21 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 import grpc
 
 from proxy.admin._gen import listing_pb2 as pb
 from proxy.admin._gen import listing_pb2_grpc as pb_grpc
-from proxy.admin.service import AdminService, MetastoreFailure, partition_name
 from proxy.cache.engine import CacheEngine
-from proxy.cache.keys import TableRef
+from proxy.cache.keys import TableRef, partition_name
 from proxy.config import Options
 from proxy.listing import splits
 from proxy.listing.cache import ListingCache, Looked, Values
 from proxy.listing.seal import SealRule, parse_marker
 from proxy.listing.storage import Directory, Storage, StorageError
 from proxy.metrics import Metrics
+from proxy.own_calls import MetastoreFailure
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +57,18 @@ def seal_rule(options: Options) -> SealRule:
     )
 
 
+class Caller(Protocol):
+    """Metastore calls through the proxy's own path (see :mod:`proxy.own_calls`): the
+    decoded result, or MetastoreFailure for a declared exception."""
+
+    async def call(self, method: str, **args: Any) -> Any: ...
+
+
 class ListingService(pb_grpc.ListingServicer):
     def __init__(
         self,
         options: Options,
-        metastore: AdminService,
+        metastore: Caller,
         engine: CacheEngine | None,
         metrics: Metrics,
         storage: Storage | None = None,

@@ -188,8 +188,3 @@ class MessageReader:
                 if self._frame_end is not None:
                     self._frame_end -= dropped
         return Piece(header, data, False, None)
-
-    @property
-    def surplus(self) -> int:
-        """Bytes held that do not belong to a message under way (a peer out of step)."""
-        return len(self._buf) if self.header is None else 0

@@ -14,7 +14,7 @@ The run prints throughput, the largest traced allocation peak of one input, the 
 peak RSS, how far inputs got (messages, decoded arguments, plans) and every distinct failure
 (by signature) with a count; the smallest input of each is saved in ``--out`` as ``.bin``
 with a ``.txt`` beside it (hex, traceback, how to replay). The exit status is 1 if anything
-failed (with ``--allow-known``: anything not in ``targets.KNOWN_BUGS``), else 0.
+failed, else 0.
 """
 
 from __future__ import annotations
@@ -196,9 +196,8 @@ class Run:
         self.out.mkdir(parents=True, exist_ok=True)
         stem = self.out / _slug(signature)
         stem.with_suffix(".bin").write_bytes(found.data)
-        known = "known (targets.KNOWN_BUGS)" if signature in targets.KNOWN_BUGS else "NEW"
         stem.with_suffix(".txt").write_text(
-            f"signature: {signature}\nstatus: {known}\n"
+            f"signature: {signature}\n"
             f"input: #{found.index} of seed {self.opts.seed}, {targets.describe(found.data)}\n"
             f"replay: .venv/bin/python -m tests.fuzz.run --replay {stem.with_suffix('.bin')}\n"
             f"hex: {found.data.hex()}\n\n{found.detail}\n"
@@ -322,7 +321,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hang-seconds", type=float, default=60.0)
     parser.add_argument("--slow-seconds", type=float, default=2.0)
     parser.add_argument("--no-tracemalloc", action="store_true")
-    parser.add_argument("--allow-known", action="store_true", help="exit 0 on KNOWN_BUGS only")
     parser.add_argument("--replay", type=Path, nargs="*", help="run saved inputs, then exit")
     args = parser.parse_args(argv)
     if args.replay:
@@ -346,10 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(opts, args.out)
     signal.signal(signal.SIGTERM, _interrupt)
     elapsed = run.execute()
-    return report(run, elapsed, args.allow_known)
+    return report(run, elapsed)
 
 
-def report(run: Run, elapsed: float, allow_known: bool) -> int:
+def report(run: Run, elapsed: float) -> int:
     t = run.totals
     rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     print()
@@ -368,14 +366,11 @@ def report(run: Run, elapsed: float, allow_known: bool) -> int:
         )
     print(f"slowest:      input #{t['slowest_index']}, {t['slowest']:.2f} s")
     print(f"worker deaths: {run.deaths}")
-    failed_new = False
     if not run.found:
         print("failures:     none")
     for signature, found in sorted(run.found.items(), key=lambda kv: -kv[1].count):
-        known = signature in targets.KNOWN_BUGS
-        failed_new |= not known
         print(
-            f"FAILURE {'(known)' if known else '(NEW)  '} x{found.count:<7} {signature}\n"
+            f"FAILURE x{found.count:<7} {signature}\n"
             f"        smallest: input #{found.index}, {len(found.data)} bytes -> "
             f"{run.out / _slug(signature)}.bin"
         )
@@ -394,8 +389,6 @@ def report(run: Run, elapsed: float, allow_known: bool) -> int:
     }
     run.out.mkdir(parents=True, exist_ok=True)
     (run.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if allow_known:
-        return 1 if failed_new else 0
     return 1 if run.found else 0
 
 

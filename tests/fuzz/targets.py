@@ -17,7 +17,7 @@ they reach the metastore, with the checks that make a wrong outcome visible.
 3. **the input as a body**: for the method the header names and for one picked from the
    catalog by the input's checksum, the bytes after the header (and the input itself) as
    that method's arguments, when the scanner accepts them as a struct (the proxy never
-   decodes bytes the scanner did not delimit, see :data:`KNOWN_BUGS`), through decoder and
+   decodes bytes the scanner did not delimit), through decoder and
    planner.
 4. **both struct scanners** (C and pure Python) over the input and over its body, in the
    same pieces: same end, same "needs more", same error class.
@@ -78,14 +78,6 @@ MAX_SIZE = 4096
 # empty structs costs ~160 bytes per input byte (one object with its attribute dict per
 # STOP byte). The allocation bound is this factor times the message limit.
 ALLOCATION_FACTOR = 256
-
-# Failures of proxy/ code this fuzzer found and that are not fixed yet, by signature. The
-# normal suite tolerates them in its random runs and pins each with a deterministic
-# strict-xfail test, which a fix turns into an XPASS. None is open: the seven it found in its
-# first long run (decoder desyncs on UUID values and on maps typed as strings, the allocations
-# and crashes they led to, non-UTF-8 partition values in the planner, the reader at the size
-# limit) are fixed and their tests in tests/unit/test_fuzz.py pass.
-KNOWN_BUGS: dict[str, str] = {}
 
 _NAMING = Naming()
 _PLANNERS = (

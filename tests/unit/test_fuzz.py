@@ -13,7 +13,7 @@ import struct
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy import catalog, idl
@@ -45,15 +45,12 @@ def message_of(seed: Seed, seqid: int = 1) -> bytes:
     return encode_header(seed.method.encode(), MessageType.CALL, seqid) + seed.body
 
 
-def run_isolated(data: bytes, cuts: list[int] | None = None, *, tolerate_known: bool) -> None:
-    """The target on ``data`` in a forked child (memory and CPU capped); known bugs are
-    tolerated when asked, anything else fails the test."""
+def run_isolated(data: bytes, cuts: list[int] | None = None) -> None:
+    """The target on ``data`` in a forked child (memory and CPU capped); any failure fails
+    the test."""
     try:
         outcome = sandbox.isolated(targets.check_bounded, data, cuts)
     except targets.Failure as exc:
-        if tolerate_known and exc.signature in targets.KNOWN_BUGS:
-            note(f"known bug: {exc.signature}")
-            return
         raise AssertionError(f"{exc}\ninput: {data.hex()}") from None
     if isinstance(outcome, sandbox.Died):
         raise AssertionError(f"the target's process was {outcome.how}; input: {data.hex()}")
@@ -114,7 +111,7 @@ def test_the_target_plans_as_the_engine_does() -> None:
 @given(rng=st.randoms(use_true_random=False), cuts=st.lists(st.integers(0, 20_000), max_size=6))
 def test_mutated_calls(rng: Any, cuts: list[int]) -> None:
     data = Mutator(SEEDS, rng).input()
-    run_isolated(data, cuts, tolerate_known=True)
+    run_isolated(data, cuts)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -126,7 +123,7 @@ def test_mutated_calls(rng: Any, cuts: list[int]) -> None:
     cuts=st.lists(st.integers(0, 700), max_size=5),
 )
 def test_random_bytes(data: bytes, cuts: list[int]) -> None:
-    run_isolated(data, cuts, tolerate_known=True)
+    run_isolated(data, cuts)
 
 
 # -- each check can fail ---------------------------------------------------------------------------
@@ -245,13 +242,13 @@ def _skewed_alter_table() -> bytes:
 
 def test_a_uuid_field_does_not_derail_the_decoder() -> None:
     assert targets.desync("get_table", UUID_GET_TABLE[21:]) == "uuid"
-    run_isolated(UUID_GET_TABLE, tolerate_known=False)
+    run_isolated(UUID_GET_TABLE)
 
 
 def test_a_map_typed_as_strings_does_not_derail_the_decoder() -> None:
     data = _skewed_alter_table()
     assert targets.desync("alter_table", data[23:]) == "map"
-    run_isolated(data, tolerate_known=False)
+    run_isolated(data)
 
 
 def test_the_reader_refuses_a_message_once_it_outgrows_max_size() -> None:
