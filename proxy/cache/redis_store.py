@@ -30,12 +30,12 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from proxy.cache import locks, resp
-from proxy.cache.keys import COORDINATION, EPOCH
-from proxy.cache.plan import Bump
+from proxy.cache.keys import COORDINATION, EPOCH, Bump
 from proxy.cache.store import CacheUnavailable, Found, Versions, new_epoch, note_fences
 from proxy.metrics import Metrics
 from proxy.retry import Backoff
 from proxy.tasks import background
+from proxy.urls import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +178,6 @@ class RedisStore:
 
     @property
     def _safe_url(self) -> str:
-        from proxy.config import redact_url
-
         return redact_url(self.url) or ""
 
     @property

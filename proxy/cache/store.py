@@ -27,8 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from proxy.cache import locks
-from proxy.cache.keys import EPOCH
-from proxy.cache.plan import Bump
+from proxy.cache.keys import EPOCH, Bump
 
 
 class CacheUnavailable(Exception):
