@@ -478,9 +478,6 @@ class RedisStore:
         value: bytes | None = (await self._run("get", [op("get", key)]))[0]
         return value
 
-    async def add(self, key: str, value: bytes, ttl: float) -> None:
-        await self._run("set", [op("set", key, value, px=int(ttl * 1000), nx=True)])
-
     async def flush(self, pattern: str = "") -> int:
         client = self._ready_client()
         removed = 0
