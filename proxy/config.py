@@ -701,6 +701,14 @@ def load(
         except OSError as exc:
             problems.append(f"admin_token_file: {exc}")
     problems += tls_problems(options)
+    if options.redis:
+        # Here, not in the option's parser: with redis_mode cluster, redis-py's cluster client
+        # takes fewer TLS settings. Imported here so that only a proxy with Redis loads it.
+        from proxy.cache.redis_tls import refusal
+
+        refused = refusal(options.redis, cluster=options.redis_mode == "cluster")
+        if refused:
+            problems.append(f"redis: {refused}")
     named = {
         "listen": options.listen,
         "metrics_listen": options.metrics_listen,

@@ -12,13 +12,13 @@ fail over to the slow path once and the map refresh.
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from redis import crc
 
+from proxy.cache import redis_tls
 from proxy.memo import BoundedMemo
 
 try:
@@ -238,25 +238,18 @@ async def replies_within(futures: Sequence[asyncio.Future[Any]], timeout: float)
 
 
 async def open_connection(kwargs: dict[str, Any], timeout: float) -> RespConnection:
-    """A connection from redis-py's parsed URL (host/port or path, auth, db, TLS)."""
+    """A connection from redis-py's parsed URL (host/port or path, auth, db, TLS as redis-py
+    makes it: see proxy.cache.redis_tls)."""
     loop = asyncio.get_running_loop()
     async with asyncio.timeout(timeout):
         if kwargs.get("path"):
             _, conn = await loop.create_unix_connection(RespConnection, kwargs["path"])
         else:
-            context = None
-            if kwargs.get("ssl") or kwargs.get("connection_class_name") == "SSLConnection":
-                context = ssl.create_default_context(cafile=kwargs.get("ssl_ca_certs"))
-                if kwargs.get("ssl_certfile"):
-                    context.load_cert_chain(kwargs["ssl_certfile"], kwargs.get("ssl_keyfile"))
-                if kwargs.get("ssl_cert_reqs") in ("none", ssl.CERT_NONE):
-                    context.check_hostname = False
-                    context.verify_mode = ssl.CERT_NONE
             _, conn = await loop.create_connection(
                 RespConnection,
                 kwargs.get("host", "localhost"),
                 int(kwargs.get("port", 6379)),
-                ssl=context,
+                ssl=redis_tls.context(kwargs) if redis_tls.uses_tls(kwargs) else None,
             )
         setup: list[Command] = []
         if kwargs.get("password"):
