@@ -17,8 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
+from proxy.urls import redact_url as redact_url  # where it lived before proxy.urls
 from proxy.wire.framing import Transport
 
 ENV_PREFIX = "HMS_CACHE_PROXY_"
@@ -211,18 +212,6 @@ def choice(*allowed: str) -> Callable[[Any], str]:
 
 def parse_transport(text: Any) -> Transport:
     return Transport(choice("buffered", "framed")(text))
-
-
-def redact_url(url: str | None) -> str | None:
-    """``url`` without its password, for printing."""
-    if not url:
-        return url
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}:" if parts.username else ":"
-    return urlunsplit(parts._replace(netloc=f"{user}***@{netloc}"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -712,6 +701,14 @@ def load(
         except OSError as exc:
             problems.append(f"admin_token_file: {exc}")
     problems += tls_problems(options)
+    if options.redis:
+        # Here, not in the option's parser: with redis_mode cluster, redis-py's cluster client
+        # takes fewer TLS settings. Imported here so that only a proxy with Redis loads it.
+        from proxy.cache.redis_tls import refusal
+
+        refused = refusal(options.redis, cluster=options.redis_mode == "cluster")
+        if refused:
+            problems.append(f"redis: {refused}")
     named = {
         "listen": options.listen,
         "metrics_listen": options.metrics_listen,

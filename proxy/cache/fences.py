@@ -27,9 +27,8 @@ from dataclasses import dataclass
 
 from proxy import idl
 from proxy.cache import locks
-from proxy.cache.keys import Naming
+from proxy.cache.keys import Bump, Naming
 from proxy.cache.locks import LockPlan, LockRecord
-from proxy.cache.plan import Bump
 from proxy.cache.store import CacheUnavailable, Store
 from proxy.memo import BoundedMemo
 from proxy.metrics import Metrics

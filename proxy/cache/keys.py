@@ -52,6 +52,16 @@ def split_catalog(db: str) -> tuple[str, str]:
 
 
 @dataclass(frozen=True, slots=True)
+class Bump:
+    """A change to one version field, as a write's invalidation: the stores apply it, the
+    planner makes it (here, below both, so the store interface needs no planner types)."""
+
+    key: str  # the version hash
+    field: str  # EPOCH: replace the token; otherwise increment
+    scope: str  # metrics label
+
+
+@dataclass(frozen=True, slots=True)
 class TableRef:
     catalog: str
     db: str

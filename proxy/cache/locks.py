@@ -50,8 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy import idl
-from proxy.cache.keys import DatabaseRef, Naming, TableRef
-from proxy.cache.plan import Bump
+from proxy.cache.keys import Bump, DatabaseRef, Naming, TableRef
 from proxy.wire.binary import MessageType
 from proxy.wire.errors import ProtocolError
 

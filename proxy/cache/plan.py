@@ -28,6 +28,10 @@ from proxy.cache.keys import (
     parse_partition_name,
     partition_field,
 )
+
+# Bump lives with the version names, below the stores (whose interface takes it); it is
+# re-exported here, where write plans are made of it.
+from proxy.cache.keys import Bump as Bump
 from proxy.catalog import Kind, MethodSpec, Scope
 
 
@@ -114,13 +118,6 @@ class ReadPlan:
             size += sum(len(n) + 300 for n in pp.names) + sum(sum(map(len, v)) for v in pp.values)
             size += sum(len(k) + 100 for k in pp.entry_keys) + sum(len(f) for f in pp.fields)
         return size
-
-
-@dataclass(frozen=True, slots=True)
-class Bump:
-    key: str  # the version hash
-    field: str  # EPOCH: replace the token; otherwise increment
-    scope: str  # metrics label
 
 
 @dataclass(frozen=True, slots=True)

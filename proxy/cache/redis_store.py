@@ -4,12 +4,12 @@
   entries), sent over the lean pipelined connection of :mod:`proxy.cache.resp`; concurrent
   look-ups share it. On Redis Cluster each command goes to its slot's node.
 * **Fail open.** Every operation has a short deadline (``--redis-timeout``); one that fails is
-  answered from the HMS. A connection failure or an error reply opens a breaker at once;
-  timeouts open it when they outnumber successes within a second (at least
-  :data:`TIMEOUTS_TO_OPEN`): a busy machine that delays a few replies must not send every
-  call to the HMS, which would make it busier still. While open, for a backoff period
-  (exponential, jittered), every operation fails at once without touching the network;
-  then one attempt is let through, and success closes the breaker.
+  answered from the HMS. A connection failure or an error reply opens a breaker
+  (:class:`proxy.retry.Breaker`) at once; timeouts open it when they outnumber successes
+  within a second (at least :data:`TIMEOUTS_TO_OPEN`): a busy machine that delays a few
+  replies must not send every call to the HMS, which would make it busier still. While open,
+  for a backoff period (exponential, jittered), every operation fails at once without
+  touching the network; then attempts are let through, and a success closes the breaker.
 * **Eviction-safe invalidation.** A bump that Redis refuses (out of memory under
   ``noeviction``) falls back to deleting the version hash, which Redis allows even when full
   and which invalidates at least as much.
@@ -30,12 +30,12 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from proxy.cache import locks, resp
-from proxy.cache.keys import COORDINATION, EPOCH
-from proxy.cache.plan import Bump
+from proxy.cache.keys import COORDINATION, EPOCH, Bump
 from proxy.cache.store import CacheUnavailable, Found, Versions, new_epoch, note_fences
 from proxy.metrics import Metrics
-from proxy.retry import Backoff
+from proxy.retry import Backoff, Breaker
 from proxy.tasks import background
+from proxy.urls import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class RedisStore:
         version_ttl: float,
         metrics: Metrics,
         mode: str = "auto",
-        backoff: Backoff | None = None,
+        breaker: Breaker | None = None,
         fence_ttl: float = 300.0,
     ) -> None:
         self.url = url
@@ -96,8 +96,7 @@ class RedisStore:
         self.fence_ttl = fence_ttl
         self.metrics = metrics
         self.mode = mode
-        self.backoff = backoff or Backoff(base=0.2, cap=5.0)
-        self._window = (0.0, 0, 0)  # (second it began, successes, timeouts) for the breaker
+        self.breaker = breaker or Breaker(Backoff(base=0.2, cap=5.0), TIMEOUTS_TO_OPEN)
         self._client: Any = None
         self._connect_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -178,17 +177,15 @@ class RedisStore:
 
     @property
     def _safe_url(self) -> str:
-        from proxy.config import redact_url
-
         return redact_url(self.url) or ""
 
     @property
     def available(self) -> bool:
-        return self.backoff.ready()
+        return self.breaker.ready()
 
     async def _run(self, operation: str, ops: list[Op]) -> list[Any]:
         """Run ``ops`` in one pipeline within the deadline; raises CacheUnavailable."""
-        if not self.backoff.ready():
+        if not self.breaker.ready():
             raise CacheUnavailable("redis backing off after errors")
         client = self._ready_client()
         try:
@@ -207,39 +204,28 @@ class RedisStore:
         self._succeeded()
         return results
 
-    def _count(self, *, ok: int = 0, timeouts: int = 0) -> tuple[int, int]:
-        """Add to this second's successes and timeouts; returns the totals."""
-        started, oks, slow = self._window
-        now = time.monotonic()
-        if now - started >= 1.0:
-            started, oks, slow = now, 0, 0
-        self._window = (started, oks + ok, slow + timeouts)
-        return oks + ok, slow + timeouts
-
     def _succeeded(self) -> None:
-        self._count(ok=1)
-        if self.backoff.failures:
+        if self.breaker.succeeded():
             log.info("cache: redis is answering again")
             self.metrics.cache_available.set(1)
-        self.backoff.succeeded()
 
     def _failed(self, operation: str, exc: BaseException) -> None:
         self.metrics.cache_errors.labels(operation).inc()
         if isinstance(exc, (TimeoutError, RedisTimeout)) and operation != "connect":
-            oks, timeouts = self._count(timeouts=1)
-            if timeouts < TIMEOUTS_TO_OPEN or timeouts <= oks:
+            opened = self.breaker.timed_out()
+            if opened is None:
                 log.debug(
                     "cache: redis %s timed out; this call answered from the metastore", operation
                 )
                 return
+        else:  # an error reply, or a connection refused or not made in time: down, not slow
+            opened = self.breaker.failed()
         self.metrics.cache_available.set(0)  # at once; the readiness check confirms every 2 s
-        first = self.backoff.failures == 0
-        delay = self.backoff.failed()
-        (log.warning if first else log.debug)(
+        (log.warning if opened.first else log.debug)(
             "cache: redis %s failed (%s); answering from the metastore, retrying in %.1f s",
             operation,
             str(exc) or type(exc).__name__,  # a timeout has no text of its own
-            delay,
+            opened.delay,
         )
         if isinstance(exc, (OSError, TimeoutError)) or "connect" in str(exc).lower():
             self._drop_client()
@@ -319,7 +305,7 @@ class RedisStore:
     async def lookup(
         self, versions: Mapping[str, Sequence[str]], entries: Sequence[str]
     ) -> tuple[Versions, Found]:
-        if not self.backoff.ready():
+        if not self.breaker.ready():
             raise CacheUnavailable("redis backing off after errors")
         order = list(versions.items())
         commands: list[resp.Command] = [("HMGET", key, *names) for key, names in order]
@@ -378,8 +364,7 @@ class RedisStore:
             await self._run("version", self._bump_ops(bumps))
         except CacheUnavailable:
             # Out of memory refuses HINCRBY but allows DEL: drop the hashes instead.
-            if not self.backoff.ready():
-                self.backoff.retry_at = 0.0  # one immediate attempt: invalidation matters
+            self.breaker.try_now()  # one immediate attempt: invalidation matters
             keys = sorted({b.key for b in bumps})
             await self._run("delete", [op("delete", k) for k in keys])
 
@@ -446,7 +431,7 @@ class RedisStore:
     ) -> None:
         """Lock fences first, then the bumps (as :meth:`fence`), in one round trip over the
         lean connections: a ``lock`` waits for it."""
-        if not self.backoff.ready():
+        if not self.breaker.ready():
             raise CacheUnavailable("redis backing off after errors")
         life = self._fence_life_ms(deadline - time.time())
         commands: list[resp.Command] = []
@@ -479,9 +464,6 @@ class RedisStore:
     async def get(self, key: str) -> bytes | None:
         value: bytes | None = (await self._run("get", [op("get", key)]))[0]
         return value
-
-    async def add(self, key: str, value: bytes, ttl: float) -> None:
-        await self._run("set", [op("set", key, value, px=int(ttl * 1000), nx=True)])
 
     async def flush(self, pattern: str = "") -> int:
         client = self._ready_client()

@@ -3,21 +3,28 @@
 redis-py does everything else (fills, bumps, cluster discovery, flushing). A hit, though, is
 one HMGET (+ one MGET) and its cost should be a round trip, not a client library: here a
 command is a ``transport.write`` of pre-encoded RESP, replies are parsed as they arrive in
-``data_received``, and concurrent hits share the connection by pipelining (Redis answers in
-order). On Redis Cluster, commands go to the node that owns their key's slot, per the slot
-map redis-py keeps; a MOVED reply makes the look-up fail over to the slow path once and the
-map refresh.
+``data_received`` (by hiredis when it is installed), and concurrent hits share the
+connection by pipelining (Redis answers in order). On Redis Cluster, commands go to the node
+that owns their key's slot, per the slot map redis-py keeps; a MOVED reply makes the look-up
+fail over to the slow path once and the map refresh.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections import deque
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
+from redis import crc
+
+from proxy.cache import redis_tls
 from proxy.memo import BoundedMemo
+
+try:
+    import hiredis
+except ImportError:  # the pure reader below stands in
+    hiredis = None  # type: ignore[assignment]
 
 Command = tuple[bytes | str | int, ...]
 
@@ -52,50 +59,105 @@ def encode(command: Command) -> bytes:
     return encoded
 
 
-_INCOMPLETE = object()
+class Reader(Protocol):
+    """Bytes in, replies out (sans-I/O): ``feed`` what arrived, then ``gets`` until it returns
+    :data:`INCOMPLETE`. Error replies are :class:`RespError` values, not raised; bytes that
+    are not RESP raise :class:`Disconnected`."""
+
+    def feed(self, data: bytes, /) -> None: ...
+
+    def gets(self) -> Any: ...
 
 
-def parse(buf: bytes | bytearray, pos: int) -> tuple[Any, int]:
-    """One reply at ``pos``: (value, next position), or (_INCOMPLETE, pos)."""
-    end = buf.find(b"\r\n", pos)
-    if end < 0:
-        return _INCOMPLETE, pos
-    kind = buf[pos]
-    line = bytes(buf[pos + 1 : end])
-    if kind == 0x24:  # $ bulk string
-        size = int(line)
-        if size < 0:
-            return None, end + 2
-        stop = end + 2 + size
-        if len(buf) < stop + 2:
-            return _INCOMPLETE, pos
-        return bytes(buf[end + 2 : stop]), stop + 2
-    if kind == 0x2A:  # * array
-        count = int(line)
-        if count < 0:
-            return None, end + 2
-        items = []
-        at = end + 2
-        for _ in range(count):
-            item, at2 = parse(buf, at)
-            if item is _INCOMPLETE:
-                return _INCOMPLETE, pos
-            items.append(item)
-            at = at2
-        return items, at
-    if kind == 0x3A:  # : integer
-        return int(line), end + 2
-    if kind == 0x2B:  # + simple string
-        return line, end + 2
-    if kind == 0x2D:  # - error
-        return RespError(line.decode("utf-8", "replace")), end + 2
-    raise Disconnected(f"unexpected reply byte {kind!r}")
+INCOMPLETE: Any = object()  # what ``gets`` returns until a whole reply is in
+
+
+class PureReader:
+    """The fallback for when hiredis is not installed, in linear time: a reply that arrives in
+    many pieces is not parsed again from its first byte on each (an MGET of 100,000 entries,
+    5.7 MB in 64 KiB pieces, took 2.4 s that way; 57 ms like this). The reader keeps its
+    place: how many bytes the value it is in needs before it is worth looking again, and the
+    arrays it is part way through, with the items read so far."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._pos = 0  # where the next value starts
+        self._need = 0  # bytes the buffer must hold before that value can be complete
+        self._arrays: list[tuple[list[Any], int]] = []  # (items so far, count), outermost first
+
+    def feed(self, data: bytes, /) -> None:
+        if self._pos:
+            # Only what was consumed goes: deleting a bytearray's head moves its start and
+            # copies nothing, so a long value still arriving is never copied here.
+            del self._buf[: self._pos]
+            self._need -= self._pos
+            self._pos = 0
+        self._buf += data
+
+    def gets(self) -> Any:
+        buf = self._buf
+        while len(buf) >= self._need:
+            pos = self._pos
+            end = buf.find(b"\r\n", pos)
+            if end < 0:
+                self._need = len(buf) + 1
+                return INCOMPLETE
+            kind = buf[pos]
+            try:
+                size = int(buf[pos + 1 : end]) if kind in b"$*:" else 0
+            except ValueError as exc:
+                raise Disconnected(f"bad reply line {bytes(buf[pos:end])[:40]!r}") from exc
+            value: Any
+            if kind == 0x24 and size >= 0:  # $ bulk string
+                stop = end + 2 + size
+                if len(buf) < stop + 2:
+                    self._need = stop + 2
+                    return INCOMPLETE
+                value, self._pos = bytes(buf[end + 2 : stop]), stop + 2
+            elif kind == 0x2A and size > 0:  # * array: its items are the next values
+                self._arrays.append(([], size))
+                self._pos = self._need = end + 2
+                continue
+            else:
+                self._pos = self._need = end + 2
+                if kind in b"$*":  # nil (-1) or an empty array
+                    value = None if size < 0 else []
+                elif kind == 0x3A:  # : integer
+                    value = size
+                elif kind == 0x2B:  # + simple string
+                    value = bytes(buf[pos + 1 : end])
+                elif kind == 0x2D:  # - error
+                    value = RespError(bytes(buf[pos + 1 : end]).decode("utf-8", "replace"))
+                else:
+                    raise Disconnected(f"unexpected reply byte {bytes([kind])!r}")
+            self._need = self._pos
+            while self._arrays:  # a value completes the arrays it ends
+                items, count = self._arrays[-1]
+                items.append(value)
+                if len(items) < count:
+                    break
+                value = items
+                self._arrays.pop()
+            else:
+                return value
+        return INCOMPLETE
+
+
+def reader() -> Reader:
+    """hiredis's reader (C: 10 to 25 times faster on a large reply) when it is installed,
+    else ours."""
+    if hiredis is None:
+        return PureReader()
+    reply: Reader = hiredis.Reader(
+        protocolError=Disconnected, replyError=RespError, notEnoughData=INCOMPLETE
+    )
+    return reply
 
 
 class RespConnection(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, new_reader: Callable[[], Reader] = reader) -> None:
         self.transport: asyncio.Transport | None = None
-        self._buf = bytearray()
+        self._reader = new_reader()
         self._waiting: deque[asyncio.Future[Any]] = deque()
         self._outgoing: list[bytes] = []
         self.closed = False
@@ -105,24 +167,19 @@ class RespConnection(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        buf = self._buf
-        buf += data
-        pos = 0
+        self._reader.feed(data)
         try:
-            while pos < len(buf) and self._waiting:
-                value, nxt = parse(buf, pos)
-                if value is _INCOMPLETE:
+            while self._waiting:
+                value = self._reader.gets()
+                if value is INCOMPLETE:
                     break
-                pos = nxt
                 future = self._waiting.popleft()
                 if not future.done():  # abandoned by a timed-out caller: its reply is dropped
                     future.set_result(value)
-        except (Disconnected, ValueError) as exc:
-            self._fail(Disconnected(str(exc)))
+        except Disconnected as exc:
+            self._fail(exc)
             if self.transport is not None:
                 self.transport.close()
-            return
-        del buf[:pos]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(Disconnected(str(exc) if exc else "connection closed"))
@@ -182,25 +239,18 @@ async def replies_within(futures: Sequence[asyncio.Future[Any]], timeout: float)
 
 
 async def open_connection(kwargs: dict[str, Any], timeout: float) -> RespConnection:
-    """A connection from redis-py's parsed URL (host/port or path, auth, db, TLS)."""
+    """A connection from redis-py's parsed URL (host/port or path, auth, db, TLS as redis-py
+    makes it: see proxy.cache.redis_tls)."""
     loop = asyncio.get_running_loop()
     async with asyncio.timeout(timeout):
         if kwargs.get("path"):
             _, conn = await loop.create_unix_connection(RespConnection, kwargs["path"])
         else:
-            context = None
-            if kwargs.get("ssl") or kwargs.get("connection_class_name") == "SSLConnection":
-                context = ssl.create_default_context(cafile=kwargs.get("ssl_ca_certs"))
-                if kwargs.get("ssl_certfile"):
-                    context.load_cert_chain(kwargs["ssl_certfile"], kwargs.get("ssl_keyfile"))
-                if kwargs.get("ssl_cert_reqs") in ("none", ssl.CERT_NONE):
-                    context.check_hostname = False
-                    context.verify_mode = ssl.CERT_NONE
             _, conn = await loop.create_connection(
                 RespConnection,
                 kwargs.get("host", "localhost"),
                 int(kwargs.get("port", 6379)),
-                ssl=context,
+                ssl=redis_tls.context(kwargs) if redis_tls.uses_tls(kwargs) else None,
             )
         setup: list[Command] = []
         if kwargs.get("password"):
@@ -218,23 +268,7 @@ async def open_connection(kwargs: dict[str, Any], timeout: float) -> RespConnect
     return conn
 
 
-# CRC16-CCITT (XMODEM), as Redis Cluster hashes keys to slots.
-_CRC_TABLE = []
-for _i in range(256):
-    _crc = _i << 8
-    for _ in range(8):
-        _crc = ((_crc << 1) ^ 0x1021) if _crc & 0x8000 else (_crc << 1)
-    _CRC_TABLE.append(_crc & 0xFFFF)
-
-
 def key_slot(key: str | bytes) -> int:
-    raw = key.encode() if isinstance(key, str) else key
-    start = raw.find(b"{")
-    if start >= 0:
-        end = raw.find(b"}", start + 1)
-        if end > start + 1:
-            raw = raw[start + 1 : end]
-    crc = 0
-    for byte in raw:
-        crc = ((crc << 8) & 0xFFFF) ^ _CRC_TABLE[((crc >> 8) ^ byte) & 0xFF]
-    return crc % 16384
+    """The Redis Cluster slot of ``key`` (its hash tag's, if it has one), as redis-py
+    computes it; ours takes the str keys the look-ups are made of, too."""
+    return crc.key_slot(key.encode() if isinstance(key, str) else key)

@@ -1,18 +1,21 @@
 """Where versions and entries live: the interface, and the embedded in-process store.
 
-The engine needs six operations; each is one round trip to Redis (see ``redis_store``):
+What the engine, the lock fences and the follower ask of a store; each call is one round trip
+to Redis (see ``redis_store``):
 
 * ``lookup``: the current values of some version fields, and some entries;
 * ``ensure_epochs``: give version hashes that have none an epoch token (before a fill);
 * ``save``: write entries with their TTL, and extend the life of the version hashes they
   depend on (a hash must outlive every entry filled under it);
 * ``bump``: apply a write's invalidation;
-* ``get``/``add``: small side values (compression dictionaries);
+* ``get``: one value by key (a compression dictionary, saved with the entries; a lock
+  record); ``put``/``delete``: small side values with a TTL (what a lock id fenced);
 * ``flush``: forget everything;
-* ``lease``/``set_if_leader``: one notification follower among the proxies sharing a store;
+* ``lease``/``set_if_leader``/``release``: one notification follower among the proxies
+  sharing a store;
 * ``fence``/``unfence``: mark tables as being written (crash safety, see the engine);
 * ``mark``/``unmark``/``marks``: fence fields of HMS locks (``proxy.cache.locks``);
-* ``put``/``delete``: small side values with a TTL (what a lock id fenced).
+* ``connect``/``ping``/``close``: the connection's life, and the readiness check.
 
 Stores raise :class:`CacheUnavailable` when they cannot answer; the engine then answers from
 the metastore (fail open).
@@ -27,8 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from proxy.cache import locks
-from proxy.cache.keys import EPOCH
-from proxy.cache.plan import Bump
+from proxy.cache.keys import EPOCH, Bump
 
 
 class CacheUnavailable(Exception):
@@ -62,8 +64,6 @@ class Store(Protocol):
     async def bump(self, bumps: Sequence[Bump]) -> None: ...
 
     async def get(self, key: str) -> bytes | None: ...
-
-    async def add(self, key: str, value: bytes, ttl: float) -> None: ...
 
     async def flush(self, pattern: str) -> int: ...
 
@@ -224,10 +224,6 @@ class MemoryStore:
     async def delete(self, key: str) -> None:
         self._side.pop(key, None)
         self._drop(key)
-
-    async def add(self, key: str, value: bytes, ttl: float) -> None:
-        if key not in self._entries:
-            await self.save([(key, value, ttl)], [])
 
     async def flush(self, pattern: str = "") -> int:
         count = len(self._entries) + len(self._versions)
