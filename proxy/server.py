@@ -77,7 +77,7 @@ class ThriftServer:
     async def start(self) -> None:
         context = server_context(self.options)
         self._server = await asyncio.start_server(
-            self._accept,
+            self.serve_client,
             self.options.listen.host,
             self.options.listen.port,
             limit=READ_SIZE,
@@ -95,7 +95,11 @@ class ThriftServer:
     def listening(self) -> bool:
         return self._server is not None and self._server.is_serving() and not self.stopping
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def serve_client(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """One client connection, from its streams, until it ends: what the listener runs
+        for each connection it accepts (tests run it on streams of their own)."""
         sock = writer.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):

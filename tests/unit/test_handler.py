@@ -1,0 +1,384 @@
+"""CallHandler in process: a scripted metastore on socket pairs, the embedded store, and a
+client channel that captures its bytes (no Java, no Redis, no subprocess)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+import pytest
+from thrift.Thrift import TApplicationException
+
+from proxy import idl
+from proxy.cache.plan import Bump
+from proxy.cache.store import MemoryStore
+from proxy.handler import ClientGone, SessionState
+from proxy.wire.binary import MessageType, encode_header
+from tests.rig.raw import seqid_of, without_seqid
+from tests.unit.inprocess import Client, message, request, rig
+from tests.unit.scripted_hms import (
+    HALF_REPLY,
+    HANG,
+    UNKNOWN,
+    Slow,
+    application_exception,
+    result_of,
+    table,
+    until,
+)
+
+M = idl.module()
+DB, T = "db", "t"
+DAYS = ("2024-01-01", "2024-01-02", "2024-01-03")
+
+
+def names(*days: str) -> list[str]:
+    return [f"ds={d}" for d in days]
+
+
+# -- reads -----------------------------------------------------------------------------------
+
+
+def test_a_hit_after_a_miss_is_the_metastores_reply_with_the_callers_seqid() -> None:
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T)
+            first = await r.call(SessionState("a"), "get_table", 7, dbname=DB, tbl_name=T)
+            second = await r.call(SessionState("b"), "get_table", 8, dbname=DB, tbl_name=T)
+            assert first == r.hms.answer("get_table", 7, dbname=DB, tbl_name=T)
+            assert second == r.hms.answer("get_table", 8, dbname=DB, tbl_name=T)
+            assert seqid_of(second) == 8 and without_seqid(second) == without_seqid(first)
+            assert r.hms.calls["get_table"] == 1
+            assert r.sample("hmsproxy_cache_lookups_total", method="get_table", result="hit") == 1
+
+    asyncio.run(run())
+
+
+def test_a_miss_passes_both_ways_byte_for_byte() -> None:
+    """Fields the proxy's IDL does not know (a newer Hive's) reach the client as they were,
+    on the miss and from the cache; the request reaches the metastore as it came."""
+    newer_field = b"\x0b\x00\x63\x00\x00\x00\x04new!"  # string field 99 of Table
+
+    def answer(seqid: int) -> bytes:
+        body = idl.encode(idl.result_class("get_table")(success=table(DB, T)))
+        # body ends with Table's STOP, then the result's STOP: the field goes before both.
+        return encode_header("get_table", MessageType.REPLY, seqid) + (
+            body[:-2] + newer_field + body[-2:]
+        )
+
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T)
+            r.hms.raw_replies["get_table"] = answer
+            call = request("get_table", 41, dbname=DB, tbl_name=T)
+            client = Client()
+            await r.handler.handle(SessionState("a"), call, client)
+            assert client.reply() == answer(41)
+            assert r.hms.received[-1].data == call.data
+            assert await r.call(SessionState("b"), "get_table", 42, dbname=DB, tbl_name=T) == (
+                answer(42)
+            )
+            assert r.hms.calls["get_table"] == 1
+
+    asyncio.run(run())
+
+
+def test_concurrent_identical_reads_share_one_upstream_call() -> None:
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T)
+            slow = Slow()
+            r.hms.script("get_table", slow)
+            clients = [Client() for _ in range(5)]
+            calls = [
+                asyncio.create_task(
+                    r.handler.handle(
+                        SessionState(f"c{i}"),
+                        request("get_table", 100 + i, dbname=DB, tbl_name=T),
+                        client,
+                    )
+                )
+                for i, client in enumerate(clients)
+            ]
+            # Every caller has looked up (and missed) while the first call is at the HMS.
+            await until(
+                lambda: (
+                    r.hms.calls["get_table"] == 1
+                    and r.sample("hmsproxy_cache_lookups_total", method="get_table", result="miss")
+                    == 5
+                )
+            )
+            assert not any(c.data for c in clients)
+            slow.gate.set()
+            await asyncio.gather(*calls)
+            for i, client in enumerate(clients):
+                assert client.reply() == r.hms.answer("get_table", 100 + i, dbname=DB, tbl_name=T)
+            assert r.hms.calls["get_table"] == 1
+
+    asyncio.run(run())
+
+
+def test_get_partitions_by_names_is_assembled_from_cached_partitions() -> None:
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS)
+            s = SessionState("a")
+            asked = names(DAYS[0], DAYS[1])
+            reply = await r.call(
+                s, "get_partitions_by_names", 1, db_name=DB, tbl_name=T, names=asked
+            )
+            assert reply == r.hms.answer(
+                "get_partitions_by_names", 1, db_name=DB, tbl_name=T, names=asked
+            )
+            # Two of these are cached, one is not, one does not exist: only those two are asked.
+            asked = [*names(DAYS[2], DAYS[1], DAYS[0]), "ds=1999-12-31"]
+            reply = await r.call(
+                s, "get_partitions_by_names", 2, db_name=DB, tbl_name=T, names=asked
+            )
+            assert r.hms.received[-1].args.names == [*names(DAYS[2]), "ds=1999-12-31"]
+            assert reply == r.hms.answer(
+                "get_partitions_by_names", 2, db_name=DB, tbl_name=T, names=asked
+            )
+            # All of them known now (the absent one as absent): no call at all.
+            asked = ["ds=1999-12-31", *names(*DAYS)]
+            reply = await r.call(
+                s, "get_partitions_by_names", 3, db_name=DB, tbl_name=T, names=asked
+            )
+            assert reply == r.hms.answer(
+                "get_partitions_by_names", 3, db_name=DB, tbl_name=T, names=asked
+            )
+            assert [p.values for p in result_of(reply).success] == [[d] for d in DAYS]
+            assert r.hms.calls["get_partitions_by_names"] == 2
+
+    asyncio.run(run())
+
+
+# -- writes ----------------------------------------------------------------------------------
+
+
+class GatedStore(MemoryStore):
+    """The embedded store, whose invalidation after a write (``unfence``: the bumps, then
+    the fence lifted) waits for ``gate`` while ``hold`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(1 << 24)
+        self.hold = False
+        self.gate = asyncio.Event()
+        self.entered = 0  # invalidations after a write that reached the store
+        self.done = 0  # and were applied
+
+    async def unfence(
+        self,
+        keys: Sequence[str],
+        intent: str,
+        bumps: Sequence[Bump],
+        also: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        self.entered += 1
+        if self.hold:
+            await self.gate.wait()
+        await super().unfence(keys, intent, bumps, also)
+        self.done += 1
+
+
+def test_a_write_invalidates_before_its_reply_and_the_next_read_sees_it() -> None:
+    async def run() -> None:
+        store = GatedStore()
+        async with rig(store=store) as r:
+            r.hms.add_table(DB, T, v="1")
+            s = SessionState("writer")
+            for seqid in (1, 2):
+                await r.call(s, "get_table", seqid, dbname=DB, tbl_name=T)
+            assert r.hms.calls["get_table"] == 1  # cached
+
+            store.hold = True
+            client = Client()
+            new = table(DB, T, v="2")
+            write = asyncio.create_task(
+                r.handler.handle(
+                    s, request("alter_table", 3, dbname=DB, tbl_name=T, new_tbl=new), client
+                )
+            )
+            await until(lambda: store.entered == 1)
+            assert r.hms.calls["alter_table"] == 1  # the metastore has answered ...
+            for _ in range(100):  # ... and however long the invalidation takes,
+                await asyncio.sleep(0)
+                assert not client.data  # the writer is not answered before it is done
+            store.gate.set()
+            await write
+            assert store.done == 1
+            assert client.reply() == r.hms.answer(
+                "alter_table", 3, dbname=DB, tbl_name=T, new_tbl=new
+            )
+
+            reply = await r.call(s, "get_table", 4, dbname=DB, tbl_name=T)
+            assert r.hms.calls["get_table"] == 2
+            assert result_of(reply).success.parameters == {"v": "2"}
+
+    asyncio.run(run())
+
+
+def test_an_unknown_method_that_may_write_flushes_the_cache(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T)
+            s = SessionState("a")
+            await r.call(s, "get_table", 1, dbname=DB, tbl_name=T)
+            # Unknown, but named like a read: forwarded, the cache kept.
+            client = Client()
+            await r.handler.handle(s, message(_call_of_unknown("get_frobs", 2)), client)
+            assert client.reply() == _unknown_method("get_frobs", 2)
+            await r.call(s, "get_table", 3, dbname=DB, tbl_name=T)
+            assert r.hms.calls["get_table"] == 1
+            # Unknown, and it may change anything: the cache is flushed.
+            client = Client()
+            with caplog.at_level(logging.WARNING, logger="proxy"):
+                await r.handler.handle(s, message(_call_of_unknown("frob_table", 4)), client)
+            assert client.reply() == _unknown_method("frob_table", 4)
+            assert "unknown method frob_table may change metadata" in caplog.text
+            await r.call(s, "get_table", 5, dbname=DB, tbl_name=T)
+            assert r.hms.calls["get_table"] == 2
+
+    asyncio.run(run())
+
+
+def _call_of_unknown(method: str, seqid: int) -> bytes:
+    return encode_header(method, MessageType.CALL, seqid) + b"\x00"  # no arguments
+
+
+def _unknown_method(method: str, seqid: int) -> bytes:
+    return application_exception(
+        method, seqid, TApplicationException.UNKNOWN_METHOD, f"Invalid method name: '{method}'"
+    )
+
+
+def test_unknown_method_from_the_metastore_passes_through_and_is_not_cached() -> None:
+    """A metastore that does not serve a method the proxy knows (an older Hive)."""
+
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T)
+            r.hms.script("get_table", UNKNOWN)
+            s = SessionState("a")
+            reply = await r.call(s, "get_table", 5, dbname=DB, tbl_name=T)
+            assert reply == _unknown_method("get_table", 5)
+            assert r.requests("get_table", "user_error") == 1
+            reply = await r.call(s, "get_table", 6, dbname=DB, tbl_name=T)
+            assert reply == r.hms.answer("get_table", 6, dbname=DB, tbl_name=T)
+            assert r.hms.calls["get_table"] == 2
+
+    asyncio.run(run())
+
+
+# -- identity and pinning --------------------------------------------------------------------
+
+
+def _ugi(user: str) -> dict[str, object]:
+    return {"user_name": user, "group_names": [f"{user}-group"]}
+
+
+def test_sessions_with_different_set_ugi_never_share_a_connection() -> None:
+    async def run() -> None:
+        async with rig() as r:
+            alice, bob, nobody = SessionState("alice"), SessionState("bob"), SessionState("x")
+            await r.call(alice, "set_ugi", 1, **_ugi("alice"))
+            await r.call(bob, "set_ugi", 1, **_ugi("bob"))
+            key = {"key": "hive.metastore.batch.retrieve.max"}
+            for seqid in range(10, 13):
+                for session in (alice, bob, nobody):
+                    await r.call(session, "getMetaConf", seqid, **key)
+            served = [c for c in r.hms.received if c.method == "getMetaConf"]
+            assert [c.user for c in served] == ["alice", "bob", None] * 3
+            # Each identity's connection is reused, none is shared.
+            by_user = {c.user: {x.conn for x in served if x.user == c.user} for c in served}
+            assert all(len(conns) == 1 for conns in by_user.values())
+            assert len(r.hms.connections) == 3
+            assert all(len({u for u, _ in c.ugi}) <= 1 for c in r.hms.connections)
+
+    asyncio.run(run())
+
+
+def test_a_repeated_set_ugi_is_answered_without_a_round_trip() -> None:
+    async def run() -> None:
+        async with rig() as r:
+            await r.call(SessionState("first"), "set_ugi", 1, **_ugi("alice"))
+            again = SessionState("again")
+            reply = await r.call(again, "set_ugi", 9, **_ugi("alice"))
+            assert reply == r.hms.answer("set_ugi", 9, **_ugi("alice"))
+            assert r.hms.calls["set_ugi"] == 1
+            await r.call(again, "getMetaConf", 10, key="k")
+            assert r.hms.received[-1].user == "alice"  # the connection alice's set_ugi bound
+            assert r.hms.calls["set_ugi"] == 1
+
+    asyncio.run(run())
+
+
+def test_set_meta_conf_pins_a_connection_that_closes_with_the_session() -> None:
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T)
+            pinned, other = SessionState("pinned"), SessionState("other")
+            key = "hive.metastore.batch.retrieve.max"
+            await r.call(pinned, "setMetaConf", 1, key=key, value="7")
+            own = r.hms.received[-1].conn
+            assert result_of(await r.call(pinned, "getMetaConf", 2, key=key)).success == "7"
+            assert result_of(await r.call(other, "getMetaConf", 21, key=key)).success == ""
+            for seqid in (3, 4):  # nor are its reads cached: its configuration is its own
+                await r.call(pinned, "get_table", seqid, dbname=DB, tbl_name=T)
+            await r.call(other, "get_table", 25, dbname=DB, tbl_name=T)
+            assert r.hms.calls["get_table"] == 3
+            # The pinned session's calls all went on its own connection, nobody else's did.
+            calls = r.hms.received
+            assert {c.conn for c in calls if c.seqid < 20} == {own}
+            assert own not in {c.conn for c in calls if c.seqid > 20}
+
+            r.handler.end_session(pinned)
+            await until(lambda: r.hms.connections[own - 1].closed)
+            assert r.active == 0
+
+    asyncio.run(run())
+
+
+# -- failures --------------------------------------------------------------------------------
+
+
+def test_the_metastore_hanging_up_mid_reply_ends_the_client_and_frees_the_slot() -> None:
+    async def run() -> None:
+        async with rig(upstream_max_connections=1, upstream_max_idle=1) as r:
+            r.hms.add_table(DB, T)
+            r.hms.script("get_table", HALF_REPLY)
+            client = Client()
+            with pytest.raises(ClientGone):
+                await r.handler.handle(
+                    SessionState("a"), request("get_table", 1, dbname=DB, tbl_name=T), client
+                )
+            whole = r.hms.answer("get_table", 1, dbname=DB, tbl_name=T)
+            assert whole.startswith(client.data) and len(client.data) < len(whole)
+            assert r.hms.connections[0].closed
+            assert r.active == 0 and r.idle == 0
+            assert r.requests("get_table", "upstream_error") == 1
+            # The one slot is free: the next call gets a new connection, and is answered.
+            reply = await r.call(SessionState("b"), "get_table", 2, dbname=DB, tbl_name=T)
+            assert reply == r.hms.answer("get_table", 2, dbname=DB, tbl_name=T)
+            assert len(r.hms.connections) == 2
+
+    asyncio.run(run())
+
+
+def test_a_metastore_that_stops_answering_gets_the_client_an_error() -> None:
+    async def run() -> None:
+        async with rig(upstream_read_timeout=0.05) as r:
+            r.hms.add_table(DB, T)
+            r.hms.script("get_table", HANG)
+            reply = await r.call(SessionState("a"), "get_table", 3, dbname=DB, tbl_name=T)
+            exc = result_of(reply)
+            assert isinstance(exc, TApplicationException) and seqid_of(reply) == 3
+            assert exc.type == TApplicationException.INTERNAL_ERROR
+            assert "metastore call failed" in exc.message
+            await until(lambda: r.hms.connections[0].closed)  # discarded: its reply may come
+            assert r.active == 0 and r.idle == 0
+
+    asyncio.run(run())
