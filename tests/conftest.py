@@ -13,6 +13,28 @@ from tests.rig.redis_server import RedisCluster, RedisServer
 from tests.rig.sample import Sample, create
 
 
+# The fixtures that start a Hive Metastore (Java) or need one: a test that asks for any of
+# them must carry the ``hms`` marker, so that ``-m "not hms"`` runs without Java (checked at
+# collection, below).
+HMS_FIXTURES = frozenset(
+    {"hms", "sample", "proxy_factory", "proxy", "lock_hms", "lock_proxy_factory"}
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unmarked = [
+        item.nodeid
+        for item in items
+        if HMS_FIXTURES & set(getattr(item, "fixturenames", ()))
+        and item.get_closest_marker("hms") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "these tests use a Hive Metastore fixture but lack the hms marker "
+            "(pytestmark = pytest.mark.hms):\n  " + "\n  ".join(unmarked)
+        )
+
+
 @pytest.fixture(scope="session")
 def hms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetastoreServer]:
     server = MetastoreServer(tmp_path_factory.mktemp("hms"))

@@ -20,6 +20,8 @@ from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.waiting import wait_for_follower
 
+pytestmark = pytest.mark.hms
+
 JOB = Path(__file__).with_name("spark_job.py")
 REPO = JOB.parents[2]
 

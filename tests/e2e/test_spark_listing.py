@@ -15,6 +15,8 @@ from tests.rig.hms import MetastoreServer
 from tests.rig.listing import Listings, alter_partition, files_of, local_path, walk
 from tests.rig.waiting import wait_for_follower
 
+pytestmark = pytest.mark.hms
+
 STEPS = Path(__file__).with_name("spark_steps.py")
 REPO = STEPS.parents[2]
 DB = "spark_listing"

@@ -62,6 +62,7 @@ def by_names(sample: Sample, names: list[str]) -> bytes:
     )
 
 
+@pytest.mark.hms
 def test_invalidate_a_table_and_one_partition(
     hms: MetastoreServer, quiet: ProxyProcess, sample: Sample
 ) -> None:
@@ -96,6 +97,7 @@ def test_invalidate_a_table_and_one_partition(
     assert quiet.metric("hmsproxy_cache_partitions_total", result="hit") == hits + len(names) - 1
 
 
+@pytest.mark.hms
 def test_flush_and_stats(quiet: ProxyProcess, sample: Sample) -> None:
     request = idl.encode_call("get_table", 1, dbname=sample.db, tbl_name=sample.table)
     for _ in range(3):
@@ -111,6 +113,7 @@ def test_flush_and_stats(quiet: ProxyProcess, sample: Sample) -> None:
     assert shown.returncode == 0 and "get_table" in shown.stdout and "hit ratio" in shown.stdout
 
 
+@pytest.mark.hms
 def test_warm_then_a_trino_read_is_fully_cached(
     hms: MetastoreServer, quiet: ProxyProcess, sample: Sample
 ) -> None:
@@ -140,6 +143,7 @@ def test_warm_then_a_trino_read_is_fully_cached(
     assert upstream_calls(quiet) == before  # everything came from the cache
 
 
+@pytest.mark.hms
 def test_warm_with_a_partition_filter(quiet: ProxyProcess, sample: Sample) -> None:
     progress = list(
         admin(quiet).Warm(
@@ -152,6 +156,7 @@ def test_warm_with_a_partition_filter(quiet: ProxyProcess, sample: Sample) -> No
     assert err.value.code() is grpc.StatusCode.NOT_FOUND
 
 
+@pytest.mark.hms
 def test_a_token_guards_the_admin_api_off_loopback(
     proxy_factory: ProxyFactory, tmp_path: Path, sample: Sample
 ) -> None:
@@ -217,6 +222,7 @@ def own_hms(tmp_path: Path) -> Iterator[MetastoreServer]:
     server.stop()
 
 
+@pytest.mark.hms
 def test_health_follows_the_metastore_and_redis(
     own_hms: MetastoreServer, proxy_factory: ProxyFactory, tmp_path: Path
 ) -> None:
@@ -242,6 +248,7 @@ def test_health_follows_the_metastore_and_redis(
         redis_server.stop()
 
 
+@pytest.mark.hms
 def test_degraded_mode_stays_ready_without_redis(
     hms: MetastoreServer, proxy_factory: ProxyFactory, tmp_path: Path
 ) -> None:

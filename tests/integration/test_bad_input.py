@@ -24,6 +24,8 @@ from tests.rig import raw
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.sample import Sample
 
+pytestmark = pytest.mark.hms
+
 MiB = 1 << 20
 
 

@@ -19,6 +19,8 @@ from tests.rig.redis_server import RedisServer
 from tests.rig.sample import Sample, client
 from tests.rig.workload import Workload, hits
 
+pytestmark = pytest.mark.hms
+
 M = idl.module()
 
 

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pytest
+
 from proxy import idl
 from tests.conftest import ProxyFactory
 from tests.rig import raw
@@ -21,6 +23,8 @@ from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.redis_server import RedisServer
 from tests.rig.sample import Sample, client, create
+
+pytestmark = pytest.mark.hms
 
 POLL = "0.3"
 

@@ -28,6 +28,8 @@ from tests.rig.waiting import eventually
 
 from .test_bad_input import _application_exception
 
+pytestmark = pytest.mark.hms
+
 
 def _get_db(port: int, name: str, seqid: int = 1) -> bytes:
     return raw.call("127.0.0.1", port, idl.encode_call("get_database", seqid, name=name))

@@ -15,6 +15,8 @@ from tests.rig import calls, raw
 from tests.rig.hms import MetastoreServer
 from tests.rig.sample import Sample, create
 
+pytestmark = pytest.mark.hms
+
 READS = [
     "get_all_databases",
     "get_database",

@@ -17,6 +17,8 @@ from tests.rig.proxy_process import ProxyProcess
 from tests.rig.s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
 from tests.rig.sample import client
 
+pytestmark = pytest.mark.hms
+
 DB = "listing_s3"
 BUCKET = "warehouse"
 DAYS = ("2024-01-01", "2024-01-02")

@@ -26,6 +26,8 @@ from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.redis_server import RedisCluster, RedisServer
 
+pytestmark = pytest.mark.hms
+
 STEPS = int(os.environ.get("MODEL_STEPS", "45"))
 DAYS = [f"2024-02-{d:02d}" for d in range(1, 9)]
 M = idl.module()

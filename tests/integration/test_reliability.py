@@ -10,6 +10,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from proxy import idl
 from proxy.cache.keys import Naming, TableRef
 from proxy.wire.binary import MessageType, parse_header
@@ -20,6 +22,8 @@ from tests.rig.redis_server import RedisCluster, RedisServer
 from tests.rig.sample import Sample, client, create
 from tests.rig.waiting import eventually
 from tests.rig.workload import Workload, hits
+
+pytestmark = pytest.mark.hms
 
 
 def owner(cluster: RedisCluster, key: str) -> RedisServer | None:

@@ -24,6 +24,8 @@ from tests.rig.ports import free_port
 from tests.rig.redis_server import RedisServer
 from tests.rig.sample import Sample
 
+pytestmark = pytest.mark.hms
+
 M = idl.module()
 
 
