@@ -98,7 +98,14 @@ class ProxyProcess:
         return out
 
     def metric(self, name: str, **labels: str) -> float:
+        """The sample with exactly these labels (0 if there is none yet)."""
         return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def metric_sum(self, name: str, **labels: str) -> float:
+        """The sum of the samples named ``name`` that carry these labels, whatever others
+        they carry (``metric_sum("hmsproxy_cache_lookups_total", result="hit")``: every hit)."""
+        wanted = set(labels.items())
+        return sum(v for (n, ls), v in self.metrics().items() if n == name and wanted <= set(ls))
 
     def rss_bytes(self) -> int:
         assert self.process is not None

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 from tests.rig.ports import free_port, wait_for_port
+from tests.rig.waiting import eventually
 
 
 class RedisServer:
@@ -55,6 +56,13 @@ class RedisServer:
                 self.process.kill()
             self.process.wait(10)
 
+    def __enter__(self) -> RedisServer:
+        self.start()  # stops what it started if it fails
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 class RedisCluster:
     """Real ``redis-server`` nodes joined with ``redis-cli --cluster create``: three masters,
@@ -81,8 +89,6 @@ class RedisCluster:
         return self.nodes[0].url.removesuffix("/0")
 
     def start(self) -> None:
-        import time
-
         try:
             for node in self.nodes:
                 node.start()
@@ -103,20 +109,11 @@ class RedisCluster:
             capture_output=True,
             timeout=60,
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            states = [
-                subprocess.run(
-                    ["redis-cli", "-p", str(n.port), "cluster", "info"],
-                    capture_output=True,
-                    text=True,
-                ).stdout
-                for n in self.nodes
-            ]
-            if all("cluster_state:ok" in s for s in states) and self._replicas_attached():
-                return
-            time.sleep(0.2)
-        raise TimeoutError("redis cluster did not become ready")
+        eventually(self._ready, 30, "the Redis Cluster to be ready", interval=0.2)
+
+    def _ready(self) -> bool:
+        ok = all("cluster_state:ok" in self.state(n) for n in self.nodes)
+        return ok and self._replicas_attached()
 
     def _replicas_attached(self) -> bool:
         """Replicas join after ``--cluster create`` returns; a master killed before its
@@ -183,3 +180,14 @@ class RedisCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+    def __enter__(self) -> RedisCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
