@@ -7,6 +7,9 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from thrift.protocol.TBinaryProtocol import TBinaryProtocol
+from thrift.Thrift import TMessageType
+from thrift.transport.TTransport import TMemoryBuffer
 
 from proxy import catalog, idl
 from proxy.cache import entry as codec
@@ -423,6 +426,20 @@ def test_the_names_field_is_replaced_and_nothing_else() -> None:
     )
 
 
-def test_assembled_reply_header_is_the_hms_header() -> None:
-    header = encode_header("get_partitions_by_names", MessageType.REPLY, 7)
-    assert header.startswith(b"\x80\x01\x00\x02")
+@pytest.mark.parametrize("method", ["get_partitions_by_names", "get_partitions_by_names_req"])
+def test_assembled_reply_header_is_the_hms_header(method: str) -> None:
+    """A reply the proxy assembles from cached partitions (the handler's header, then
+    ``assemble``) is the message the HMS writes: its header as Apache Thrift's
+    TBinaryProtocol writes it (as libthrift does), then the same result, byte for byte."""
+    originals = [_partition(i, cols=2) for i in (1, 2)]
+    written = TMemoryBuffer()
+    TBinaryProtocol(written, strictWrite=True).writeMessageBegin(method, TMessageType.REPLY, 7)
+    hms_header = written.getvalue()
+    hms_reply = hms_header + _reply_body(method, originals)
+    split = parts.split(method, hms_reply[len(hms_header) :])
+    assert split is not None
+    assembled = encode_header(method, MessageType.REPLY, 7) + parts.assemble(
+        method, [data for _, data in split.partitions]
+    )
+    assert assembled[: len(hms_header)] == hms_header
+    assert assembled == hms_reply
