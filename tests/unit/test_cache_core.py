@@ -26,6 +26,7 @@ from proxy.cache.keys import (
 )
 from proxy.cache.plan import Planner, Ttls
 from proxy.wire.binary import MessageType, encode_header
+from tests.rig.sample import storage_descriptor
 
 M = idl.module()
 NAMING = Naming()
@@ -322,21 +323,10 @@ def test_fingerprints_see_every_version() -> None:
 
 
 def _partition(i: int, cols: int = 20) -> bytes:
-    sd = M.StorageDescriptor(
-        cols=[M.FieldSchema(f"column_number_{c}", "string", None) for c in range(cols)],
-        location=f"hdfs://nn:8020/warehouse/db.db/t/ds=2024-01-{i:02d}",
-        inputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetInputFormat",
-        outputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat",
-        compressed=False,
-        numBuckets=-1,
-        serdeInfo=M.SerDeInfo(
-            None,
-            "org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe",
-            {"serialization.format": "1"},
-        ),
-        bucketCols=[],
-        sortCols=[],
-        parameters={},
+    sd = storage_descriptor(
+        f"hdfs://nn:8020/warehouse/db.db/t/ds=2024-01-{i:02d}",
+        [(f"column_number_{c}", "string") for c in range(cols)],
+        types=M,
     )
     part = M.Partition(
         values=[f"2024-01-{i:02d}"],
