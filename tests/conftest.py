@@ -16,7 +16,7 @@ from tests.rig.sample import Sample, create
 # them must carry the ``hms`` marker, so that ``-m "not hms"`` runs without Java (checked at
 # collection, below).
 HMS_FIXTURES = frozenset(
-    {"hms", "sample", "proxy_factory", "proxy", "lock_hms", "lock_proxy_factory"}
+    {"hms", "own_hms", "sample", "proxy_factory", "proxy", "lock_hms", "lock_proxy_factory"}
 )
 
 
@@ -90,6 +90,14 @@ def lock_proxy_factory(tmp_path: Path, lock_hms: MetastoreServer) -> Iterator[Pr
 @pytest.fixture
 def proxy(proxy_factory: ProxyFactory) -> ProxyProcess:
     return proxy_factory()
+
+
+@pytest.fixture
+def own_hms(tmp_path: Path) -> Iterator[MetastoreServer]:
+    """A metastore of this test's own (for tests that kill, stop or restart it; started
+    again, it has the same port and Derby folder)."""
+    with MetastoreServer(tmp_path / "own-hms") as server:
+        yield server
 
 
 @pytest.fixture

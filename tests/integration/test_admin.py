@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -214,38 +213,25 @@ def test_a_public_admin_port_without_a_token_does_not_start(tmp_path: Path) -> N
     assert "admin_token_file: required" in done.stderr
 
 
-@pytest.fixture
-def own_hms(tmp_path: Path) -> Iterator[MetastoreServer]:
-    server = MetastoreServer(tmp_path / "own-hms")
-    server.start()
-    yield server
-    server.stop()
-
-
 @pytest.mark.hms
 def test_health_follows_the_metastore_and_redis(
-    own_hms: MetastoreServer, proxy_factory: ProxyFactory, tmp_path: Path
+    own_hms: MetastoreServer, own_redis: RedisServer, proxy_factory: ProxyFactory
 ) -> None:
     create(own_hms.host, own_hms.port, own_hms.warehouse.as_uri())
-    redis_server = RedisServer(tmp_path / "redis")
-    redis_server.start()
-    try:
-        proxy = proxy_factory(
-            "--redis", redis_server.url, "--ready-without-redis", "off", upstream=own_hms.uri
-        )
-        eventually(lambda: health(proxy, "readiness") == SERVING)
-        own_hms.stop()
-        eventually(lambda: health(proxy, "readiness") == NOT_SERVING)
-        assert health(proxy, "") == SERVING  # liveness never depends on the metastore
-        own_hms.start()
-        eventually(lambda: health(proxy, "readiness") == SERVING, timeout=30)
-        redis_server.stop()
-        eventually(lambda: health(proxy, "readiness") == NOT_SERVING)
-        assert health(proxy, "") == SERVING
-        redis_server.start()
-        eventually(lambda: health(proxy, "readiness") == SERVING, timeout=30)
-    finally:
-        redis_server.stop()
+    proxy = proxy_factory(
+        "--redis", own_redis.url, "--ready-without-redis", "off", upstream=own_hms.uri
+    )
+    eventually(lambda: health(proxy, "readiness") == SERVING)
+    own_hms.stop()
+    eventually(lambda: health(proxy, "readiness") == NOT_SERVING)
+    assert health(proxy, "") == SERVING  # liveness never depends on the metastore
+    own_hms.start()
+    eventually(lambda: health(proxy, "readiness") == SERVING, timeout=30)
+    own_redis.stop()
+    eventually(lambda: health(proxy, "readiness") == NOT_SERVING)
+    assert health(proxy, "") == SERVING
+    own_redis.start()
+    eventually(lambda: health(proxy, "readiness") == SERVING, timeout=30)
 
 
 @pytest.mark.hms

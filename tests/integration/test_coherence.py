@@ -296,25 +296,21 @@ def test_a_proxy_killed_mid_write_leaves_no_stale_cache(
 
 
 def test_stale_if_error_serves_cached_reads_while_the_hms_is_down(
-    proxy_factory: ProxyFactory, tmp_path: Path
+    own_hms: MetastoreServer, proxy_factory: ProxyFactory
 ) -> None:
-    doomed = MetastoreServer(tmp_path / "doomed")
-    doomed.start()
-    try:
-        sample = create(doomed.host, doomed.port, doomed.warehouse.as_uri())
-        proxy = proxy_factory(
-            "--ttl-table",
-            "1",
-            "--stale-if-error",
-            "60",
-            "--notifications",
-            "off",
-            upstream=doomed.uri,
-        )
-        read = idl.encode_call("get_table", 1, dbname=sample.db, tbl_name=sample.table)
-        cached = raw.call("127.0.0.1", proxy.port, read)
-    finally:
-        doomed.kill()
+    sample = create(own_hms.host, own_hms.port, own_hms.warehouse.as_uri())
+    proxy = proxy_factory(
+        "--ttl-table",
+        "1",
+        "--stale-if-error",
+        "60",
+        "--notifications",
+        "off",
+        upstream=own_hms.uri,
+    )
+    read = idl.encode_call("get_table", 1, dbname=sample.db, tbl_name=sample.table)
+    cached = raw.call("127.0.0.1", proxy.port, read)
+    own_hms.kill()
     time.sleep(1.5)  # the entry's TTL (1 s) runs out on purpose: the scenario is an expired entry
     assert raw.call("127.0.0.1", proxy.port, read) == cached
     assert proxy.metric("hmsproxy_stale_replies_total", method="get_table") == 1

@@ -10,7 +10,6 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hmsclient import hmsclient
@@ -121,37 +120,32 @@ def test_a_write_on_a_stale_connection_is_not_retried(
     assert relay.connections == opened  # no second attempt
 
 
-def test_metastore_killed_mid_call(proxy_factory: ProxyFactory, tmp_path: Path) -> None:
-    doomed = MetastoreServer(tmp_path / "doomed-hms")
-    doomed.start()
-    try:
-        slow = create_slow_table(doomed.host, doomed.port)
-        proxy = proxy_factory(upstream=doomed.uri)
-        outcome: dict[str, object] = {}
+def test_metastore_killed_mid_call(own_hms: MetastoreServer, proxy_factory: ProxyFactory) -> None:
+    slow = create_slow_table(own_hms.host, own_hms.port)
+    proxy = proxy_factory(upstream=own_hms.uri)
+    outcome: dict[str, object] = {}
 
-        def call() -> None:
-            started = time.monotonic()
-            request = idl.encode_call("get_table", 1, dbname="proxy_it", tbl_name=slow)
-            outcome["reply"] = raw.call("127.0.0.1", proxy.port, request)
-            outcome["seconds"] = time.monotonic() - started
+    def call() -> None:
+        started = time.monotonic()
+        request = idl.encode_call("get_table", 1, dbname="proxy_it", tbl_name=slow)
+        outcome["reply"] = raw.call("127.0.0.1", proxy.port, request)
+        outcome["seconds"] = time.monotonic() - started
 
-        caller = threading.Thread(target=call)
-        before = doomed.slow_calls_started()
-        caller.start()
-        wait_for_slow_call(doomed, before)  # the HMS is now inside the three-second read
-        doomed.kill()
-        caller.join(30)
-        assert not caller.is_alive()
-        # As a direct client would see it (the connection ends), or, when the call went out
-        # on a pooled connection the proxy then retried, a Thrift error for the dead HMS.
-        reply = outcome["reply"]
-        assert reply == raw.CLOSED or reply[3] == MessageType.EXCEPTION  # type: ignore[index]
-        assert outcome["seconds"] < 10  # type: ignore[operator]
-        exc = _application_exception(_get_db(proxy.port, "proxy_it"))  # and later calls
-        assert "no metastore reachable" in exc.message
-        assert proxy.alive()
-    finally:
-        doomed.kill()
+    caller = threading.Thread(target=call)
+    before = own_hms.slow_calls_started()
+    caller.start()
+    wait_for_slow_call(own_hms, before)  # the HMS is now inside the three-second read
+    own_hms.kill()
+    caller.join(30)
+    assert not caller.is_alive()
+    # As a direct client would see it (the connection ends), or, when the call went out
+    # on a pooled connection the proxy then retried, a Thrift error for the dead HMS.
+    reply = outcome["reply"]
+    assert reply == raw.CLOSED or reply[3] == MessageType.EXCEPTION  # type: ignore[index]
+    assert outcome["seconds"] < 10  # type: ignore[operator]
+    exc = _application_exception(_get_db(proxy.port, "proxy_it"))  # and later calls
+    assert "no metastore reachable" in exc.message
+    assert proxy.alive()
 
 
 def test_sigterm_drains_calls_in_flight(

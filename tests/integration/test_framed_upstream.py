@@ -32,12 +32,8 @@ READS = [
 
 @pytest.fixture(scope="module")
 def framed_hms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetastoreServer]:
-    server = MetastoreServer(tmp_path_factory.mktemp("framed-hms"), framed=True)
-    server.start()
-    try:
+    with MetastoreServer(tmp_path_factory.mktemp("framed-hms"), framed=True) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize("client_transport", ["buffered", "framed"])

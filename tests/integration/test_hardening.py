@@ -110,21 +110,18 @@ def test_a_missing_token_file_is_one_line(proxy: ProxyProcess, tmp_path: Path) -
         assert done.stderr.count("\n") == 1 and "--token-file" in done.stderr, done.stderr
 
 
-def test_http_health_for_kubernetes_probes(proxy_factory: ProxyFactory, tmp_path: Path) -> None:
-    redis_server = RedisServer(tmp_path / "redis")
-    redis_server.start()
-    try:
-        proxy = proxy_factory("--redis", redis_server.url)
-        assert get(proxy, "/healthz")[0] == 200
-        eventually(lambda: get(proxy, "/readyz")[0] == 200)
-        assert b"redis=ok" in get(proxy, "/readyz")[2]
-        redis_server.stop()
-        # Still ready (--ready-without-redis on), and it says Redis is down.
-        eventually(lambda: b"redis=degraded" in get(proxy, "/readyz")[2])
-        assert get(proxy, "/readyz")[0] == 200
-        eventually(lambda: "redis=down (degraded: serving from the metastore)" in proxy.log())
-    finally:
-        redis_server.stop()
+def test_http_health_for_kubernetes_probes(
+    proxy_factory: ProxyFactory, own_redis: RedisServer
+) -> None:
+    proxy = proxy_factory("--redis", own_redis.url)
+    assert get(proxy, "/healthz")[0] == 200
+    eventually(lambda: get(proxy, "/readyz")[0] == 200)
+    assert b"redis=ok" in get(proxy, "/readyz")[2]
+    own_redis.stop()
+    # Still ready (--ready-without-redis on), and it says Redis is down.
+    eventually(lambda: b"redis=degraded" in get(proxy, "/readyz")[2])
+    assert get(proxy, "/readyz")[0] == 200
+    eventually(lambda: "redis=down (degraded: serving from the metastore)" in proxy.log())
 
 
 def test_an_unreachable_metastore_is_one_warning_and_not_ready(

@@ -26,12 +26,9 @@ DAYS = ("2024-01-01", "2024-01-02")
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = S3Server(tmp_path_factory.mktemp("s3")).start()
-    server.client().create_bucket(Bucket=BUCKET)
-    try:
+    with S3Server(tmp_path_factory.mktemp("s3")) as server:
+        server.client().create_bucket(Bucket=BUCKET)
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

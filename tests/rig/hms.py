@@ -10,6 +10,7 @@ from xml.sax.saxutils import escape
 
 from tests.rig import java
 from tests.rig.ports import free_port, wait_for_port
+from tests.rig.service import Service
 
 LOG4J2 = """status = error
 appender.console.type = Console
@@ -26,7 +27,7 @@ rootLogger.appenderRef.console.ref = console
 SLOW_CALL_STARTED = "hmsproxy.rig.CallerLog: slow call started: "
 
 
-class MetastoreServer:
+class MetastoreServer(Service):
     """One HMS process with its own Derby folder and warehouse under ``workdir``."""
 
     def __init__(
@@ -146,17 +147,6 @@ class MetastoreServer:
             wait_for_port(self.port, timeout, alive=lambda: self.process.poll() is None)  # type: ignore[union-attr]
         except Exception as exc:
             raise RuntimeError(f"HMS did not start: {exc}\n{self.log_tail()}") from exc
-
-    def __enter__(self) -> MetastoreServer:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def log(self) -> str:
         path = self.workdir / "hms.log"

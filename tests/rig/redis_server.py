@@ -7,10 +7,11 @@ import subprocess
 from pathlib import Path
 
 from tests.rig.ports import free_port, wait_for_port
+from tests.rig.service import Service
 from tests.rig.waiting import eventually
 
 
-class RedisServer:
+class RedisServer(Service):
     def __init__(self, workdir: Path, port: int | None = None, *extra: str) -> None:
         self.workdir = workdir
         self.port = port or free_port()
@@ -56,15 +57,8 @@ class RedisServer:
                 self.process.kill()
             self.process.wait(10)
 
-    def __enter__(self) -> RedisServer:
-        self.start()  # stops what it started if it fails
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-class RedisCluster:
+class RedisCluster(Service):
     """Real ``redis-server`` nodes joined with ``redis-cli --cluster create``: three masters,
     and with ``replicas=1`` a replica for each (which takes over when its master dies)."""
 
@@ -180,14 +174,3 @@ class RedisCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
-
-    def __enter__(self) -> RedisCluster:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
