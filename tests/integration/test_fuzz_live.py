@@ -408,11 +408,7 @@ def _name(message: bytes) -> str:
 
 
 def internal_errors(proxy: ProxyProcess) -> float:
-    return sum(
-        value
-        for (name, labels), value in proxy.metrics().items()
-        if name == "hmsproxy_requests_total" and ("outcome", "internal_error") in labels
-    )
+    return proxy.metric_sum("hmsproxy_requests_total", outcome="internal_error")
 
 
 # -- the bugs the fuzzer found, against a running proxy -------------------------------------------
