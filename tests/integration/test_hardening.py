@@ -19,7 +19,7 @@ from proxy.admin._gen import admin_pb2_grpc as pb_grpc
 from tests.conftest import ProxyFactory
 from tests.rig.certs import Authority
 from tests.rig.hms import MetastoreServer
-from tests.rig.ports import free_port
+from tests.rig.ports import free_port, free_ports
 from tests.rig.proxy_process import REPO, ProxyProcess
 from tests.rig.redis_server import RedisServer
 from tests.rig.sample import Sample
@@ -54,14 +54,15 @@ def test_a_second_proxy_on_a_taken_admin_port_does_not_start(
 ) -> None:
     """gRPC sets SO_REUSEPORT by default: both proxies would listen, and admin calls reach
     either at random. The second must refuse to start, in one line."""
+    port, metrics_port = free_ports(2)
     done = run(
         "serve",
         "--upstream",
         hms.uri,
         "--listen",
-        f"127.0.0.1:{free_port()}",
+        f"127.0.0.1:{port}",
         "--metrics-listen",
-        f"127.0.0.1:{free_port()}",
+        f"127.0.0.1:{metrics_port}",
         "--admin-listen",
         f"127.0.0.1:{proxy.admin_port}",
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.rig.ports import free_port, wait_for_port
+from tests.rig.ports import free_ports, wait_for_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,9 +21,7 @@ class ProxyProcess:
         self, workdir: Path, upstream: str, *args: str, env: dict[str, str] | None = None
     ) -> None:
         self.workdir = workdir
-        self.port = free_port()
-        self.metrics_port = free_port()
-        self.admin_port = free_port()
+        self.port, self.metrics_port, self.admin_port = free_ports(3)
         self.args = [
             "--upstream",
             upstream,
