@@ -12,15 +12,32 @@ from tests.rig.proxy_process import ProxyProcess
 from tests.rig.redis_server import RedisCluster, RedisServer
 from tests.rig.sample import Sample, create
 
+# The fixtures that start a Hive Metastore (Java) or need one: a test that asks for any of
+# them must carry the ``hms`` marker, so that ``-m "not hms"`` runs without Java (checked at
+# collection, below).
+HMS_FIXTURES = frozenset(
+    {"hms", "own_hms", "sample", "proxy_factory", "proxy", "lock_hms", "lock_proxy_factory"}
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unmarked = [
+        item.nodeid
+        for item in items
+        if HMS_FIXTURES & set(getattr(item, "fixturenames", ()))
+        and item.get_closest_marker("hms") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "these tests use a Hive Metastore fixture but lack the hms marker "
+            "(pytestmark = pytest.mark.hms):\n  " + "\n  ".join(unmarked)
+        )
+
 
 @pytest.fixture(scope="session")
 def hms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetastoreServer]:
-    server = MetastoreServer(tmp_path_factory.mktemp("hms"))
-    server.start()
-    try:
+    with MetastoreServer(tmp_path_factory.mktemp("hms")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -51,12 +68,8 @@ def proxy_factory(tmp_path: Path, hms: MetastoreServer) -> Iterator[ProxyFactory
 def lock_hms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetastoreServer]:
     """A metastore that can grant locks, as Iceberg's commits need (the session's ``hms``
     cannot: see MetastoreServer). A lock not heartbeated dies after 5 s here (Hive: 300 s)."""
-    server = MetastoreServer(tmp_path_factory.mktemp("lock-hms"), locks=True, txn_timeout=5)
-    server.start()
-    try:
+    with MetastoreServer(tmp_path_factory.mktemp("lock-hms"), locks=True, txn_timeout=5) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -80,31 +93,28 @@ def proxy(proxy_factory: ProxyFactory) -> ProxyProcess:
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A Redis of this test's own (for tests that flush, fill or stop it)."""
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    try:
+def own_hms(tmp_path: Path) -> Iterator[MetastoreServer]:
+    """A metastore of this test's own (for tests that kill, stop or restart it; started
+    again, it has the same port and Derby folder)."""
+    with MetastoreServer(tmp_path / "own-hms") as server:
         yield server
-    finally:
-        server.stop()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis of this test's own (for tests that flush, fill or stop it; stopped, it can
+    be started again on the same port)."""
+    with RedisServer(tmp_path / "redis") as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    try:
+    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster"))
-    cluster.start()
-    try:
+    with RedisCluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
         yield cluster
-    finally:
-        cluster.stop()

@@ -39,7 +39,7 @@ from packaging.utils import canonicalize_name
 from proxy import config
 from proxy.admin.server import READINESS
 from tests.rig.hms import MetastoreServer
-from tests.rig.ports import free_port, wait_for_port
+from tests.rig.ports import free_port, free_ports, wait_for_port
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "deploy" / "docker" / "Dockerfile"
@@ -813,7 +813,7 @@ def start_proxy(runtime: Runtime, tmp_path: Path) -> Iterator[StartProxy]:
     started: list[RunningProxy] = []
 
     def start(upstream: str, *, admin_host: str = "127.0.0.1") -> RunningProxy:
-        admin_port = free_port()
+        admin_port, port, metrics_port = free_ports(3)
         env = dict(runtime.env)
         env[config.env_name("admin_listen")] = f"{admin_host}:{admin_port}"
         if not config.is_loopback(admin_host):
@@ -824,8 +824,7 @@ def start_proxy(runtime: Runtime, tmp_path: Path) -> Iterator[StartProxy]:
         command = exec_form(stages()[-1].last("CMD").value)
         executable = shutil.which(entrypoint[0], path=env["PATH"])
         assert executable == str(runtime.bin / entrypoint[0])
-        listen = ["--listen", f"127.0.0.1:{free_port()}"]
-        listen += ["--metrics-listen", f"127.0.0.1:{free_port()}"]
+        listen = ["--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics_port}"]
         log = tmp_path / f"proxy-{admin_port}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(

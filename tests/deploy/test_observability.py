@@ -644,6 +644,7 @@ def workload(hms: MetastoreServer, proxy: ProxyProcess, sample: Sample, root: Pa
     wait_for_follower(hms, proxy)
 
 
+@pytest.mark.hms
 def test_everything_named_exists_in_a_live_scrape(
     hms: MetastoreServer,
     sample: Sample,

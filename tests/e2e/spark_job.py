@@ -1,6 +1,6 @@
 """A real Spark session against a metastore URI; prints what it saw as one JSON line.
 
-Run as a script (one Spark session per process): python spark_job.py URI WAREHOUSE DATABASE
+One Spark session per process: python -m tests.e2e.spark_job URI WAREHOUSE DATABASE
 """
 
 from __future__ import annotations
@@ -8,23 +8,11 @@ from __future__ import annotations
 import json
 import sys
 
-from pyspark.sql import SparkSession
+from tests.rig.spark import session
 
 
 def main(uri: str, warehouse: str, db: str) -> None:
-    spark = (
-        SparkSession.builder.master("local[1]")
-        .appName(f"hms-cache-proxy-e2e-{db}")
-        .config("spark.sql.catalogImplementation", "hive")
-        .config("spark.hadoop.hive.metastore.uris", uri)
-        .config("spark.sql.warehouse.dir", warehouse)
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "1")
-        .enableHiveSupport()
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.sql("SET hive.exec.dynamic.partition.mode=nonstrict")
+    spark = session(uri, warehouse, f"hms-cache-proxy-e2e-{db}")
     spark.sql(f"CREATE DATABASE {db}")
     spark.sql(
         f"CREATE TABLE {db}.events (id INT, name STRING) "

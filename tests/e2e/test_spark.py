@@ -8,32 +8,24 @@ INSERT, SHOW PARTITIONS and a SELECT with a partition predicate must give the sa
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from proxy import idl
-from tests.rig import raw
+from tests.rig import raw, spark
 from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.waiting import wait_for_follower
 
-JOB = Path(__file__).with_name("spark_job.py")
-REPO = JOB.parents[2]
+pytestmark = pytest.mark.hms
 
 
 def run_job(uri: str, warehouse: Path, db: str) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, str(JOB), uri, warehouse.as_uri(), db],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stderr[-4000:]
+    with spark.running("spark_job", uri, warehouse.as_uri(), db) as job:
+        out = spark.finish(job)
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert lines, out[-4000:]
     return dict(json.loads(lines[-1][len("RESULT ") :]))
 
 
@@ -65,27 +57,9 @@ def test_dynamic_partition_insert_keeps_untouched_partitions_cached(
 ) -> None:
     db = "spark_dynamic"
     go = tmp_path / "go"
-    job = subprocess.Popen(
-        [
-            sys.executable,
-            str(JOB.with_name("spark_dynamic_job.py")),
-            f"thrift://127.0.0.1:{proxy.port}",
-            hms.warehouse.as_uri(),
-            db,
-            str(go),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
-    try:
-        assert job.stdout is not None
-        for line in job.stdout:
-            if line.startswith("READY"):
-                break
-        else:
-            raise AssertionError(job.stderr.read() if job.stderr else "job ended early")
+    uri = f"thrift://127.0.0.1:{proxy.port}"
+    with spark.running("spark_dynamic_job", uri, hms.warehouse.as_uri(), db, str(go)) as job:
+        spark.wait_ready(job)
         names = [f"ds=2024-03-0{i}" for i in range(1, 9)]
         by_names = idl.encode_call(
             "get_partitions_by_names", 1, db_name=db, tbl_name="events", names=names
@@ -95,13 +69,8 @@ def test_dynamic_partition_insert_keeps_untouched_partitions_cached(
         wait_for_follower(hms, proxy)
         raw.call("127.0.0.1", proxy.port, by_names)  # the cache now holds all eight
         go.touch()
-        out, err = job.communicate(timeout=300)
-        assert job.returncode == 0 and "DONE" in out, err[-3000:]
+        assert "DONE" in spark.finish(job, timeout=300)
         wait_for_follower(hms, proxy)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
     everything = idl.encode_call(
         "get_partitions_by_names", 2, db_name=db, tbl_name="events", names=[*names, "ds=2024-03-09"]
     )

@@ -4,36 +4,31 @@ metastore (seen by the notification follower)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from contextlib import AbstractContextManager
 from pathlib import Path
+from subprocess import Popen
 
 import pytest
 
 from tests.conftest import ProxyFactory
+from tests.rig import spark
 from tests.rig.hms import MetastoreServer
 from tests.rig.listing import Listings, alter_partition, files_of, local_path, walk
 from tests.rig.waiting import wait_for_follower
 
-STEPS = Path(__file__).with_name("spark_steps.py")
-REPO = STEPS.parents[2]
+pytestmark = pytest.mark.hms
+
 DB = "spark_listing"
 DAYS = ("2024-05-01", "2024-05-02", "2024-05-03")
 
 
-def spark(uri: str, warehouse: Path, *steps: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(STEPS), uri, warehouse.as_uri(), *steps],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
+def steps(uri: str, warehouse: Path, *sql: str) -> AbstractContextManager[Popen[str]]:
+    """Spark running ``sql`` (see spark_steps.py) against the metastore at ``uri``."""
+    return spark.running("spark_steps", uri, warehouse.as_uri(), *sql)
 
 
-def finish(job: subprocess.Popen[str]) -> None:
-    out, err = job.communicate(timeout=300)
-    assert job.returncode == 0 and "DONE" in out, err[-3000:]
+def finish(job: Popen[str]) -> None:
+    assert "DONE" in spark.finish(job, timeout=300)
 
 
 def insert(ds: str, row: int) -> str:
@@ -50,7 +45,7 @@ def test_listings_of_files_spark_wrote(
     api = Listings(proxy)
     go = tmp_path / "go"
     rows = ", ".join(f"({i}, 'x', '{ds}')" for i, ds in enumerate(DAYS * 2))
-    job = spark(
+    with steps(
         f"thrift://127.0.0.1:{proxy.port}",
         hms.warehouse,
         f"CREATE DATABASE {DB}",
@@ -59,14 +54,8 @@ def test_listings_of_files_spark_wrote(
         f"INSERT INTO {DB}.events PARTITION (ds) VALUES {rows}",
         f"wait:{go}",
         insert(DAYS[0], 100),
-    )
-    try:
-        assert job.stdout is not None
-        for line in job.stdout:
-            if line.startswith("READY"):
-                break
-        else:
-            raise AssertionError(job.stderr.read() if job.stderr else "Spark ended early")
+    ) as job:
+        spark.wait_ready(job)
         for ds in (DAYS[0], DAYS[2]):
             alter_partition("127.0.0.1", proxy.port, DB, "events", ds, sealed="true")
         wait_for_follower(hms, proxy)  # those writes' own events, applied before filling
@@ -86,17 +75,14 @@ def test_listings_of_files_spark_wrote(
 
         go.touch()  # Spark inserts into the sealed DAYS[0], through the proxy
         finish(job)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
     fresh = api.partition(DB, "events", DAYS[0])
     assert not fresh.from_cache and fresh.sealed
     assert len(fresh.files) == len(first[0].files) + 1
     assert files_of(fresh) == walk(Path(local_path(fresh.location)), recursive=False)
 
     # Straight at the metastore, into the other sealed partition: the follower sees it.
-    finish(spark(hms.uri, hms.warehouse, insert(DAYS[2], 300)))
+    with steps(hms.uri, hms.warehouse, insert(DAYS[2], 300)) as job:
+        finish(job)
     wait_for_follower(hms, proxy)
     fresh = api.partition(DB, "events", DAYS[2])
     assert not fresh.from_cache

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -62,6 +61,7 @@ def by_names(sample: Sample, names: list[str]) -> bytes:
     )
 
 
+@pytest.mark.hms
 def test_invalidate_a_table_and_one_partition(
     hms: MetastoreServer, quiet: ProxyProcess, sample: Sample
 ) -> None:
@@ -96,6 +96,7 @@ def test_invalidate_a_table_and_one_partition(
     assert quiet.metric("hmsproxy_cache_partitions_total", result="hit") == hits + len(names) - 1
 
 
+@pytest.mark.hms
 def test_flush_and_stats(quiet: ProxyProcess, sample: Sample) -> None:
     request = idl.encode_call("get_table", 1, dbname=sample.db, tbl_name=sample.table)
     for _ in range(3):
@@ -111,6 +112,7 @@ def test_flush_and_stats(quiet: ProxyProcess, sample: Sample) -> None:
     assert shown.returncode == 0 and "get_table" in shown.stdout and "hit ratio" in shown.stdout
 
 
+@pytest.mark.hms
 def test_warm_then_a_trino_read_is_fully_cached(
     hms: MetastoreServer, quiet: ProxyProcess, sample: Sample
 ) -> None:
@@ -140,6 +142,7 @@ def test_warm_then_a_trino_read_is_fully_cached(
     assert upstream_calls(quiet) == before  # everything came from the cache
 
 
+@pytest.mark.hms
 def test_warm_with_a_partition_filter(quiet: ProxyProcess, sample: Sample) -> None:
     progress = list(
         admin(quiet).Warm(
@@ -152,6 +155,7 @@ def test_warm_with_a_partition_filter(quiet: ProxyProcess, sample: Sample) -> No
     assert err.value.code() is grpc.StatusCode.NOT_FOUND
 
 
+@pytest.mark.hms
 def test_a_token_guards_the_admin_api_off_loopback(
     proxy_factory: ProxyFactory, tmp_path: Path, sample: Sample
 ) -> None:
@@ -209,39 +213,28 @@ def test_a_public_admin_port_without_a_token_does_not_start(tmp_path: Path) -> N
     assert "admin_token_file: required" in done.stderr
 
 
-@pytest.fixture
-def own_hms(tmp_path: Path) -> Iterator[MetastoreServer]:
-    server = MetastoreServer(tmp_path / "own-hms")
-    server.start()
-    yield server
-    server.stop()
-
-
+@pytest.mark.hms
 def test_health_follows_the_metastore_and_redis(
-    own_hms: MetastoreServer, proxy_factory: ProxyFactory, tmp_path: Path
+    own_hms: MetastoreServer, own_redis: RedisServer, proxy_factory: ProxyFactory
 ) -> None:
     create(own_hms.host, own_hms.port, own_hms.warehouse.as_uri())
-    redis_server = RedisServer(tmp_path / "redis")
-    redis_server.start()
-    try:
-        proxy = proxy_factory(
-            "--redis", redis_server.url, "--ready-without-redis", "off", upstream=own_hms.uri
-        )
-        eventually(lambda: health(proxy, "readiness") == SERVING)
-        own_hms.stop()
-        eventually(lambda: health(proxy, "readiness") == NOT_SERVING)
-        assert health(proxy, "") == SERVING  # liveness never depends on the metastore
-        own_hms.start()
-        eventually(lambda: health(proxy, "readiness") == SERVING, timeout=30)
-        redis_server.stop()
-        eventually(lambda: health(proxy, "readiness") == NOT_SERVING)
-        assert health(proxy, "") == SERVING
-        redis_server.start()
-        eventually(lambda: health(proxy, "readiness") == SERVING, timeout=30)
-    finally:
-        redis_server.stop()
+    proxy = proxy_factory(
+        "--redis", own_redis.url, "--ready-without-redis", "off", upstream=own_hms.uri
+    )
+    eventually(lambda: health(proxy, "readiness") == SERVING)
+    own_hms.stop()
+    eventually(lambda: health(proxy, "readiness") == NOT_SERVING)
+    assert health(proxy, "") == SERVING  # liveness never depends on the metastore
+    own_hms.start()
+    eventually(lambda: health(proxy, "readiness") == SERVING, timeout=30)
+    own_redis.stop()
+    eventually(lambda: health(proxy, "readiness") == NOT_SERVING)
+    assert health(proxy, "") == SERVING
+    own_redis.start()
+    eventually(lambda: health(proxy, "readiness") == SERVING, timeout=30)
 
 
+@pytest.mark.hms
 def test_degraded_mode_stays_ready_without_redis(
     hms: MetastoreServer, proxy_factory: ProxyFactory, tmp_path: Path
 ) -> None:

@@ -17,6 +17,8 @@ from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.sample import Sample
 
+pytestmark = pytest.mark.hms
+
 # Replies that legitimately differ between two calls made a moment apart.
 VOLATILE = {"getCounters", "getStatusDetails"}
 

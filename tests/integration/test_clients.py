@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hmsclient import hmsclient
 from hmsclient.genthrift.hive_metastore import ttypes as t
 from pymetastore.metastore import HMS
@@ -9,6 +10,8 @@ from pymetastore.metastore import HMS
 from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.sample import Sample
+
+pytestmark = pytest.mark.hms
 
 
 def _hmsclient_view(port: int, sample: Sample) -> dict[str, object]:

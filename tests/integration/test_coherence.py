@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pytest
+
 from proxy import idl
 from tests.conftest import ProxyFactory
 from tests.rig import raw
@@ -21,6 +23,9 @@ from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.redis_server import RedisServer
 from tests.rig.sample import Sample, client, create
+from tests.rig.waiting import eventually, wait_for_slow_call
+
+pytestmark = pytest.mark.hms
 
 POLL = "0.3"
 
@@ -73,9 +78,7 @@ def seconds_until_fresh(
     hms: MetastoreServer, proxy: ProxyProcess, sample: Sample, limit: float
 ) -> float:
     started = time.monotonic()
-    while not fresh(hms, proxy, sample):
-        assert time.monotonic() - started < limit, "the proxy kept serving stale metadata"
-        time.sleep(0.05)
+    eventually(lambda: fresh(hms, proxy, sample), limit, "the proxy to serve what the HMS has")
     return time.monotonic() - started
 
 
@@ -162,7 +165,11 @@ def test_one_follower_at_a_time_and_takeover(
         "600",
     )
     a, b = proxy_factory(*args), proxy_factory(*args)
-    time.sleep(1)
+    # Once both have polled, each has taken the lease or found it taken: one follows.
+    eventually(
+        lambda: all(p.metric("hmsproxy_notification_last_poll_timestamp_seconds") for p in (a, b)),
+        what="both proxies to poll the follower lease",
+    )
     leaders = [p for p in (a, b) if p.metric("hmsproxy_notification_leader") == 1]
     assert len(leaders) == 1
     leader, survivor = leaders[0], (b if leaders[0] is a else a)
@@ -190,7 +197,9 @@ def test_a_gap_in_the_log_flushes_the_cache(
     writes = bypass_writes(hms, sample)
     next(writes)()  # add
     next(writes)()  # alter: both logged, then purged before any follower sees them
-    time.sleep(2.5)  # the HMS purges by whole seconds: these must be older than one
+    # Not a wait for the proxy: the two events must age. The purge below drops events older
+    # than one second, counted in whole seconds, so they must be two seconds old.
+    time.sleep(2.5)
     with client(hms.host, hms.port) as c:
         c.create_database(type(c.get_database(sample.db))("rig_purge_notifications", "", None, {}))
         c.drop_database("rig_purge_notifications", True, True)
@@ -264,8 +273,9 @@ def test_a_proxy_killed_mid_write_leaves_no_stale_cache(
                 c.alter_table(sample.db, table, t)
 
     writer = threading.Thread(target=alter)
+    before = hms.slow_calls_started()
     writer.start()
-    time.sleep(1.0)
+    wait_for_slow_call(hms, before)  # the alter is at the HMS, three seconds from done
     victim.signal(signal.SIGKILL)  # after forwarding, before invalidating
     victim.wait(10)
     writer.join(30)
@@ -278,7 +288,7 @@ def test_a_proxy_killed_mid_write_leaves_no_stale_cache(
         committed = committed or b"victim_write" in direct
         if committed and b"victim_write" not in through:
             violations.append(time.monotonic())
-        time.sleep(0.05)
+        time.sleep(0.05)  # the pace of the watch, which lasts its whole 9 s: the scenario
     assert committed, "the HMS never applied the write"
     assert violations == []
     hits = observer.metric("hmsproxy_cache_lookups_total", method="get_table", result="hit")
@@ -286,26 +296,22 @@ def test_a_proxy_killed_mid_write_leaves_no_stale_cache(
 
 
 def test_stale_if_error_serves_cached_reads_while_the_hms_is_down(
-    proxy_factory: ProxyFactory, tmp_path: Path
+    own_hms: MetastoreServer, proxy_factory: ProxyFactory
 ) -> None:
-    doomed = MetastoreServer(tmp_path / "doomed")
-    doomed.start()
-    try:
-        sample = create(doomed.host, doomed.port, doomed.warehouse.as_uri())
-        proxy = proxy_factory(
-            "--ttl-table",
-            "1",
-            "--stale-if-error",
-            "60",
-            "--notifications",
-            "off",
-            upstream=doomed.uri,
-        )
-        read = idl.encode_call("get_table", 1, dbname=sample.db, tbl_name=sample.table)
-        cached = raw.call("127.0.0.1", proxy.port, read)
-    finally:
-        doomed.kill()
-    time.sleep(1.5)  # past its TTL
+    sample = create(own_hms.host, own_hms.port, own_hms.warehouse.as_uri())
+    proxy = proxy_factory(
+        "--ttl-table",
+        "1",
+        "--stale-if-error",
+        "60",
+        "--notifications",
+        "off",
+        upstream=own_hms.uri,
+    )
+    read = idl.encode_call("get_table", 1, dbname=sample.db, tbl_name=sample.table)
+    cached = raw.call("127.0.0.1", proxy.port, read)
+    own_hms.kill()
+    time.sleep(1.5)  # the entry's TTL (1 s) runs out on purpose: the scenario is an expired entry
     assert raw.call("127.0.0.1", proxy.port, read) == cached
     assert proxy.metric("hmsproxy_stale_replies_total", method="get_table") == 1
     other = idl.encode_call("get_table", 1, dbname=sample.db, tbl_name=sample.unpartitioned)

@@ -10,7 +10,6 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hmsclient import hmsclient
@@ -24,13 +23,24 @@ from tests.rig.hms import MetastoreServer
 from tests.rig.ports import free_port
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.sample import Sample, create_slow_table
-from tests.rig.waiting import eventually
+from tests.rig.waiting import eventually, wait_for_slow_call
 
 from .test_bad_input import _application_exception
+
+pytestmark = pytest.mark.hms
 
 
 def _get_db(port: int, name: str, seqid: int = 1) -> bytes:
     return raw.call("127.0.0.1", port, idl.encode_call("get_database", seqid, name=name))
+
+
+def _refused(port: int) -> bool:
+    """Whether a connection to ``port`` is refused (nothing listens there)."""
+    try:
+        raw.RawConnection("127.0.0.1", port).close()
+    except ConnectionRefusedError:
+        return True
+    return False
 
 
 @pytest.fixture
@@ -110,36 +120,32 @@ def test_a_write_on_a_stale_connection_is_not_retried(
     assert relay.connections == opened  # no second attempt
 
 
-def test_metastore_killed_mid_call(proxy_factory: ProxyFactory, tmp_path: Path) -> None:
-    doomed = MetastoreServer(tmp_path / "doomed-hms")
-    doomed.start()
-    try:
-        slow = create_slow_table(doomed.host, doomed.port)
-        proxy = proxy_factory(upstream=doomed.uri)
-        outcome: dict[str, object] = {}
+def test_metastore_killed_mid_call(own_hms: MetastoreServer, proxy_factory: ProxyFactory) -> None:
+    slow = create_slow_table(own_hms.host, own_hms.port)
+    proxy = proxy_factory(upstream=own_hms.uri)
+    outcome: dict[str, object] = {}
 
-        def call() -> None:
-            started = time.monotonic()
-            request = idl.encode_call("get_table", 1, dbname="proxy_it", tbl_name=slow)
-            outcome["reply"] = raw.call("127.0.0.1", proxy.port, request)
-            outcome["seconds"] = time.monotonic() - started
+    def call() -> None:
+        started = time.monotonic()
+        request = idl.encode_call("get_table", 1, dbname="proxy_it", tbl_name=slow)
+        outcome["reply"] = raw.call("127.0.0.1", proxy.port, request)
+        outcome["seconds"] = time.monotonic() - started
 
-        caller = threading.Thread(target=call)
-        caller.start()
-        time.sleep(1.0)  # the HMS is now inside the three-second read
-        doomed.kill()
-        caller.join(30)
-        assert not caller.is_alive()
-        # As a direct client would see it (the connection ends), or, when the call went out
-        # on a pooled connection the proxy then retried, a Thrift error for the dead HMS.
-        reply = outcome["reply"]
-        assert reply == raw.CLOSED or reply[3] == MessageType.EXCEPTION  # type: ignore[index]
-        assert outcome["seconds"] < 10  # type: ignore[operator]
-        exc = _application_exception(_get_db(proxy.port, "proxy_it"))  # and later calls
-        assert "no metastore reachable" in exc.message
-        assert proxy.alive()
-    finally:
-        doomed.kill()
+    caller = threading.Thread(target=call)
+    before = own_hms.slow_calls_started()
+    caller.start()
+    wait_for_slow_call(own_hms, before)  # the HMS is now inside the three-second read
+    own_hms.kill()
+    caller.join(30)
+    assert not caller.is_alive()
+    # As a direct client would see it (the connection ends), or, when the call went out
+    # on a pooled connection the proxy then retried, a Thrift error for the dead HMS.
+    reply = outcome["reply"]
+    assert reply == raw.CLOSED or reply[3] == MessageType.EXCEPTION  # type: ignore[index]
+    assert outcome["seconds"] < 10  # type: ignore[operator]
+    exc = _application_exception(_get_db(proxy.port, "proxy_it"))  # and later calls
+    assert "no metastore reachable" in exc.message
+    assert proxy.alive()
 
 
 def test_sigterm_drains_calls_in_flight(
@@ -155,12 +161,11 @@ def test_sigterm_drains_calls_in_flight(
         outcome["reply"] = raw.call("127.0.0.1", proxy.port, request)
 
     caller = threading.Thread(target=call)
+    before = hms.slow_calls_started()
     caller.start()
-    time.sleep(0.5)
+    wait_for_slow_call(hms, before)  # in flight: three seconds from its answer
     proxy.signal(signal.SIGTERM)
-    time.sleep(0.3)
-    with pytest.raises(ConnectionRefusedError):  # no longer accepting
-        raw.RawConnection("127.0.0.1", proxy.port).close()
+    eventually(lambda: _refused(proxy.port), 10, "the proxy to stop accepting on SIGTERM")
     assert idle.closed_by_peer(timeout=5)  # idle connections are closed at once
     idle.close()
     caller.join(30)
@@ -232,13 +237,25 @@ def test_a_client_that_hangs_up_before_its_answer_costs_nothing(
         "--cache", "off", "--upstream-max-connections", "1", "--upstream-max-idle", "1"
     )
     request = idl.encode_call("get_table", 1, dbname=sample.db, tbl_name=slow)
-    for _ in range(2):
+
+    def hang_up(gone: int) -> None:
+        before = hms.slow_calls_started()
         quitter = socket.create_connection(("127.0.0.1", proxy.port))
         quitter.sendall(request)
-        time.sleep(0.5)  # the call is at the metastore, three seconds from its answer
+        wait_for_slow_call(hms, before)  # at the metastore, three seconds from its answer
         quitter.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         quitter.close()  # reset: whatever the proxy writes now fails
-        time.sleep(3.5)
+        eventually(
+            lambda: (
+                proxy.metric("hmsproxy_requests_total", method="get_table", outcome="client_gone")
+                == gone
+            ),
+            15,
+            "the proxy to drop the answer nobody waits for",
+        )
+
+    hang_up(1)
+    hang_up(2)
     expected = _get_db(hms.port, sample.db)
     assert _get_db(proxy.port, sample.db) == expected  # the one connection is free again
     assert proxy.metric("hmsproxy_requests_total", method="get_table", outcome="client_gone") == 2

@@ -15,6 +15,8 @@ from tests.rig import calls, raw
 from tests.rig.hms import MetastoreServer
 from tests.rig.sample import Sample, create
 
+pytestmark = pytest.mark.hms
+
 READS = [
     "get_all_databases",
     "get_database",
@@ -30,12 +32,8 @@ READS = [
 
 @pytest.fixture(scope="module")
 def framed_hms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetastoreServer]:
-    server = MetastoreServer(tmp_path_factory.mktemp("framed-hms"), framed=True)
-    server.start()
-    try:
+    with MetastoreServer(tmp_path_factory.mktemp("framed-hms"), framed=True) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize("client_transport", ["buffered", "framed"])

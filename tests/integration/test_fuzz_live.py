@@ -48,6 +48,7 @@ from tests.rig.hms import MetastoreServer
 from tests.rig.ports import free_port
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.sample import Sample
+from tests.rig.waiting import eventually
 
 pytestmark = pytest.mark.hms
 
@@ -157,8 +158,8 @@ class Gate:
                 elif name.decode() in idl.oneway_methods():
                     self.refused += 1  # no reply: the HMS answers by the IDL, not the type
                 else:
-                    self.refused += 1
                     sock.sendall(_exception(name, seqid, b"gate: not forwarded"))
+                    self.refused += 1  # counted once its answer is on the way
         except OSError:
             pass
         finally:
@@ -407,11 +408,7 @@ def _name(message: bytes) -> str:
 
 
 def internal_errors(proxy: ProxyProcess) -> float:
-    return sum(
-        value
-        for (name, labels), value in proxy.metrics().items()
-        if name == "hmsproxy_requests_total" and ("outcome", "internal_error") in labels
-    )
+    return proxy.metric_sum("hmsproxy_requests_total", outcome="internal_error")
 
 
 # -- the bugs the fuzzer found, against a running proxy -------------------------------------------
@@ -420,17 +417,18 @@ def internal_errors(proxy: ProxyProcess) -> float:
 @pytest.fixture
 def one_connection(
     proxy_factory: ProxyFactory, hms: MetastoreServer, sample: Sample
-) -> Iterator[tuple[ProxyProcess, dict[bytes, bytes]]]:
-    """A gated proxy with a single metastore connection, which every client shares."""
-    args = ("--upstream-max-connections", "1", "--upstream-max-idle", "1")
-    with gated_proxy(proxy_factory, hms, sample, *args) as (proxy, _, answers):
-        yield proxy, answers
+) -> Iterator[tuple[ProxyProcess, Gate, dict[bytes, bytes]]]:
+    """A gated proxy with a single metastore connection, which every client shares, and no
+    cache: every call goes out on that connection."""
+    args = ("--upstream-max-connections", "1", "--upstream-max-idle", "1", "--cache", "off")
+    with gated_proxy(proxy_factory, hms, sample, *args) as gated:
+        yield gated
 
 
 def test_a_oneway_typed_call_answers_nobody_else(
-    one_connection: tuple[ProxyProcess, dict[bytes, bytes]], sample: Sample
+    one_connection: tuple[ProxyProcess, Gate, dict[bytes, bytes]], sample: Sample
 ) -> None:
-    proxy, answers = one_connection
+    proxy, gate, answers = one_connection
     request = _good_calls(sample)[0]  # get_database, as the gate lets it through
     attack = (
         struct.pack(">Ii", 0x80010004, len(b"get_config_value"))
@@ -438,11 +436,30 @@ def test_a_oneway_typed_call_answers_nobody_else(
         + _I32.pack(1)
         + idl.encode(idl.args_class("get_config_value")(name="x", defaultValue="y"))
     )
-    for _ in range(3):
+
+    def attack_then_ask() -> bytes:
+        refused = gate.refused
+        asked = proxy.metric_sum("hmsproxy_upstream_requests_total", method="get_database")
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as attacker:
             attacker.sendall(attack)
-            time.sleep(0.05)  # the metastore's answer is on the pooled connection by now
+            # The bug's path: the metastore has answered the call the attacker sent as
+            # ONEWAY, on the one pooled connection, before the next client's call goes out...
+            eventually(
+                lambda: gate.refused > refused,
+                what="the metastore to answer the ONEWAY-typed call",
+            )
             reply = raw.call("127.0.0.1", proxy.port, request)
+        # ... and that call went out on it (to the metastore, not to a cache).
+        eventually(
+            lambda: (
+                proxy.metric_sum("hmsproxy_upstream_requests_total", method="get_database") > asked
+            ),
+            what="the next call to go out to the metastore",
+        )
+        return reply
+
+    for _ in range(3):
+        reply = attack_then_ask()
         assert raw.same_result("get_database", reply, answers[_normalized(request)]), reply
 
 

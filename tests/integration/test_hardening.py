@@ -19,7 +19,7 @@ from proxy.admin._gen import admin_pb2_grpc as pb_grpc
 from tests.conftest import ProxyFactory
 from tests.rig.certs import Authority
 from tests.rig.hms import MetastoreServer
-from tests.rig.ports import free_port
+from tests.rig.ports import free_port, free_ports
 from tests.rig.proxy_process import REPO, ProxyProcess
 from tests.rig.redis_server import RedisServer
 from tests.rig.sample import Sample
@@ -54,14 +54,15 @@ def test_a_second_proxy_on_a_taken_admin_port_does_not_start(
 ) -> None:
     """gRPC sets SO_REUSEPORT by default: both proxies would listen, and admin calls reach
     either at random. The second must refuse to start, in one line."""
+    port, metrics_port = free_ports(2)
     done = run(
         "serve",
         "--upstream",
         hms.uri,
         "--listen",
-        f"127.0.0.1:{free_port()}",
+        f"127.0.0.1:{port}",
         "--metrics-listen",
-        f"127.0.0.1:{free_port()}",
+        f"127.0.0.1:{metrics_port}",
         "--admin-listen",
         f"127.0.0.1:{proxy.admin_port}",
     )
@@ -110,21 +111,18 @@ def test_a_missing_token_file_is_one_line(proxy: ProxyProcess, tmp_path: Path) -
         assert done.stderr.count("\n") == 1 and "--token-file" in done.stderr, done.stderr
 
 
-def test_http_health_for_kubernetes_probes(proxy_factory: ProxyFactory, tmp_path: Path) -> None:
-    redis_server = RedisServer(tmp_path / "redis")
-    redis_server.start()
-    try:
-        proxy = proxy_factory("--redis", redis_server.url)
-        assert get(proxy, "/healthz")[0] == 200
-        eventually(lambda: get(proxy, "/readyz")[0] == 200)
-        assert b"redis=ok" in get(proxy, "/readyz")[2]
-        redis_server.stop()
-        # Still ready (--ready-without-redis on), and it says Redis is down.
-        eventually(lambda: b"redis=degraded" in get(proxy, "/readyz")[2])
-        assert get(proxy, "/readyz")[0] == 200
-        eventually(lambda: "redis=down (degraded: serving from the metastore)" in proxy.log())
-    finally:
-        redis_server.stop()
+def test_http_health_for_kubernetes_probes(
+    proxy_factory: ProxyFactory, own_redis: RedisServer
+) -> None:
+    proxy = proxy_factory("--redis", own_redis.url)
+    assert get(proxy, "/healthz")[0] == 200
+    eventually(lambda: get(proxy, "/readyz")[0] == 200)
+    assert b"redis=ok" in get(proxy, "/readyz")[2]
+    own_redis.stop()
+    # Still ready (--ready-without-redis on), and it says Redis is down.
+    eventually(lambda: b"redis=degraded" in get(proxy, "/readyz")[2])
+    assert get(proxy, "/readyz")[0] == 200
+    eventually(lambda: "redis=down (degraded: serving from the metastore)" in proxy.log())
 
 
 def test_an_unreachable_metastore_is_one_warning_and_not_ready(

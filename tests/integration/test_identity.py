@@ -22,6 +22,8 @@ from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.sample import Sample
 
+pytestmark = pytest.mark.hms
+
 USERS = ("alice", "bob", None)  # None: a client that never calls set_ugi
 
 

@@ -21,6 +21,8 @@ from tests.rig.redis_server import RedisServer
 from tests.rig.sample import client
 from tests.rig.waiting import wait_for_follower
 
+pytestmark = pytest.mark.hms
+
 DB = "listing_it"
 DAYS = ("2024-01-01", "2024-01-02")
 _names = itertools.count()

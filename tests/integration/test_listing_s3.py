@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -16,6 +15,9 @@ from tests.rig.listing import Listings, create_table
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
 from tests.rig.sample import client
+from tests.rig.waiting import eventually
+
+pytestmark = pytest.mark.hms
 
 DB = "listing_s3"
 BUCKET = "warehouse"
@@ -24,12 +26,9 @@ DAYS = ("2024-01-01", "2024-01-02")
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = S3Server(tmp_path_factory.mktemp("s3")).start()
-    server.client().create_bucket(Bucket=BUCKET)
-    try:
+    with S3Server(tmp_path_factory.mktemp("s3")) as server:
+        server.client().create_bucket(Bucket=BUCKET)
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -110,20 +109,20 @@ def test_a_listing_in_flight_when_its_partition_changes_is_not_stored(
     proxy = s3_proxy(proxy_factory, relay.port)
     api = Listings(proxy)
     s3_table(hms, s3, "events_slow")
-    relay.delay = 2.0  # every S3 answer takes two seconds
+    relay.hold_answers()  # S3's answers wait at the relay until the write is done
     got: list[object] = []
     lister = threading.Thread(target=lambda: got.append(api.partition(DB, "events_slow", DAYS[0])))
     lister.start()
-    time.sleep(0.7)  # the listing is waiting on S3 now
+    eventually(lambda: relay.held, what="the listing to wait on S3's answer")
     with client("127.0.0.1", proxy.port) as c:  # a writer changes the partition meanwhile
         part = c.get_partition(DB, "events_slow", [DAYS[0]])
         part.parameters["numFiles"] = "3"
         c.alter_partition(DB, "events_slow", part)
+    relay.release_answers()
     lister.join(60)
     assert got and not lister.is_alive()
     assert proxy.metric("hmsproxy_listing_stale_fills_total") == 1
     assert proxy.metric("hmsproxy_listing_lookups_total", result="miss") == 1
-    relay.delay = 0.0
     # Not stored: the next call lists again (and stores that one).
     assert not api.partition(DB, "events_slow", DAYS[0]).from_cache
     assert api.partition(DB, "events_slow", DAYS[0]).from_cache

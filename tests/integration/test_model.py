@@ -22,9 +22,12 @@ import pytest
 from proxy import idl
 from tests.conftest import ProxyFactory
 from tests.rig import raw
+from tests.rig import sample as build
 from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.redis_server import RedisCluster, RedisServer
+
+pytestmark = pytest.mark.hms
 
 STEPS = int(os.environ.get("MODEL_STEPS", "45"))
 DAYS = [f"2024-02-{d:02d}" for d in range(1, 9)]
@@ -44,19 +47,8 @@ class World:
         return f"{self.prefix}_{kind}{self.counter}"
 
 
-def _sd(location: str | None) -> Any:
-    return M.StorageDescriptor(
-        cols=[M.FieldSchema("id", "bigint", None), M.FieldSchema("name", "string", None)],
-        location=location,
-        inputFormat="org.apache.hadoop.mapred.TextInputFormat",
-        outputFormat="org.apache.hadoop.hive.ql.io.HiveIgnoreKeyTextOutputFormat",
-        compressed=False,
-        numBuckets=-1,
-        serdeInfo=M.SerDeInfo(None, "org.apache.hadoop.hive.serde2.lazy.LazySimpleSerDe", {}),
-        bucketCols=[],
-        sortCols=[],
-        parameters={},
-    )
+def _sd() -> Any:
+    return build.storage_descriptor(None, (("id", "bigint"), ("name", "string")), M, build.TEXT)
 
 
 class Model:
@@ -147,15 +139,9 @@ class Model:
         db = self.rng.choice(sorted(self.world.dbs))
         name = self.world.fresh("t")
         partitioned = self.rng.random() < 0.7
-        keys = [M.FieldSchema("ds", "string", None)] if partitioned else []
-        table = M.Table(
-            tableName=name,
-            dbName=db,
-            owner="model",
-            sd=_sd(None),
-            partitionKeys=keys,
-            parameters={"p": "1"},
-            tableType="MANAGED_TABLE",
+        keys = ("ds",) if partitioned else ()
+        table = build.table(
+            db, name, _sd(), keys=keys, parameters={"p": "1"}, owner="model", types=M
         )
         self.call("create_table", tbl=table)
         self.world.dbs[db][name] = set() if partitioned else None
@@ -197,10 +183,7 @@ class Model:
         new = [d for d in DAYS if d not in days][: self.rng.randint(1, 3)]
         if not new:
             return self.drop_partition()
-        parts = [
-            M.Partition(values=[d], dbName=db, tableName=name, sd=_sd(None), parameters={"n": "0"})
-            for d in new
-        ]
+        parts = [build.partition(db, name, [d], _sd(), {"n": "0"}, types=M) for d in new]
         self.call("add_partitions", new_parts=parts)
         days.update(new)
 
@@ -350,16 +333,8 @@ def test_reads_through_the_proxy_equal_reads_at_the_hms(
                 hms.port,
                 idl.encode_call("drop_database", 1, name=db, deleteData=True, cascade=True),
             )
-    hits = sum(
-        v
-        for (name, labels), v in proxy.metrics().items()
-        if name == "hmsproxy_cache_lookups_total" and ("result", "hit") in labels
-    )
-    misses = sum(
-        v
-        for (name, labels), v in proxy.metrics().items()
-        if name == "hmsproxy_cache_lookups_total" and ("result", "miss") in labels
-    )
+    hits = proxy.metric_sum("hmsproxy_cache_lookups_total", result="hit")
+    misses = proxy.metric_sum("hmsproxy_cache_lookups_total", result="miss")
     assert hits > misses  # the cache really answered most of it
     assert proxy.metric("hmsproxy_cache_errors_total", operation="get") == 0
     assert "Traceback" not in proxy.log()

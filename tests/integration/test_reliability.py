@@ -10,6 +10,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from proxy import idl
 from proxy.cache.keys import Naming, TableRef
 from proxy.wire.binary import MessageType, parse_header
@@ -20,6 +22,8 @@ from tests.rig.redis_server import RedisCluster, RedisServer
 from tests.rig.sample import Sample, client, create
 from tests.rig.waiting import eventually
 from tests.rig.workload import Workload, hits
+
+pytestmark = pytest.mark.hms
 
 
 def owner(cluster: RedisCluster, key: str) -> RedisServer | None:
@@ -32,9 +36,7 @@ def owner(cluster: RedisCluster, key: str) -> RedisServer | None:
 def test_a_redis_cluster_master_killed_under_load(
     hms: MetastoreServer, proxy_factory: ProxyFactory, sample: Sample, tmp_path: Path
 ) -> None:
-    cluster = RedisCluster(tmp_path / "cluster", nodes=6, replicas=1)
-    cluster.start()
-    try:
+    with RedisCluster(tmp_path / "cluster", nodes=6, replicas=1) as cluster:
         key = Naming().versions(TableRef.of(sample.db, sample.table).tag)
         victim = cluster.master_of(key)
         seed = next(n for n in cluster.nodes if n is not victim)
@@ -51,45 +53,38 @@ def test_a_redis_cluster_master_killed_under_load(
         assert load.errors == [] and load.failed_replies == []
         assert load.mismatches == []
         assert proxy.metric("hmsproxy_cache_available") == 1
-    finally:
-        cluster.stop()
 
 
 def test_the_metastore_killed_and_restarted_under_load(
-    proxy_factory: ProxyFactory, tmp_path: Path
+    own_hms: MetastoreServer, proxy_factory: ProxyFactory
 ) -> None:
-    doomed = MetastoreServer(tmp_path / "hms")
-    doomed.start()
-    try:
-        sample = create(doomed.host, doomed.port, doomed.warehouse.as_uri())
-        # Short TTLs, so that entries expire during the outage and --stale-if-error matters.
-        proxy = proxy_factory(
-            *("--stale-if-error", "120", "--ttl-table", "1", "--ttl-partitions", "1"),
-            upstream=doomed.uri,
-        )
-        # A hang is a call without an answer in 15 s (the proxy's own timeouts: 2 s to
-        # connect, 6 s to read).
-        with Workload(doomed, proxy, sample, call_timeout=15) as load:
-            eventually(lambda: load.rounds > 10)
-            doomed.kill()
-            eventually(lambda: proxy.metric("hmsproxy_upstream_available") == 0)
-            rounds_down = load.rounds
-            eventually(lambda: load.rounds > rounds_down + 5)  # the workload goes on, answered
-            doomed.start()  # same port, same Derby database
-            eventually(lambda: proxy.metric("hmsproxy_upstream_available") == 1, timeout=60)
-            rounds_up = load.rounds
-            eventually(lambda: load.rounds > rounds_up + 10)
-        assert load.errors == []  # no hangs, nothing unexpected
-        assert load.mismatches == []  # never a wrong or stale answer while the HMS was there
-        assert load.failed_replies == []  # and no error once it was back: it reconnected
-        served = sum(
-            proxy.metric("hmsproxy_stale_replies_total", method=m)
-            for m in ("get_table", "get_partition_names")
-        )
-        assert served > 0  # --stale-if-error answered cached reads while the HMS was down
-        assert load.outage_replies > 0  # and prompt Thrift errors for the rest
-    finally:
-        doomed.stop()
+    sample = create(own_hms.host, own_hms.port, own_hms.warehouse.as_uri())
+    # Short TTLs, so that entries expire during the outage and --stale-if-error matters.
+    proxy = proxy_factory(
+        *("--stale-if-error", "120", "--ttl-table", "1", "--ttl-partitions", "1"),
+        upstream=own_hms.uri,
+    )
+    # A hang is a call without an answer in 15 s (the proxy's own timeouts: 2 s to
+    # connect, 6 s to read).
+    with Workload(own_hms, proxy, sample, call_timeout=15) as load:
+        eventually(lambda: load.rounds > 10)
+        own_hms.kill()
+        eventually(lambda: proxy.metric("hmsproxy_upstream_available") == 0)
+        rounds_down = load.rounds
+        eventually(lambda: load.rounds > rounds_down + 5)  # the workload goes on, answered
+        own_hms.start()  # same port, same Derby database
+        eventually(lambda: proxy.metric("hmsproxy_upstream_available") == 1, timeout=60)
+        rounds_up = load.rounds
+        eventually(lambda: load.rounds > rounds_up + 10)
+    assert load.errors == []  # no hangs, nothing unexpected
+    assert load.mismatches == []  # never a wrong or stale answer while the HMS was there
+    assert load.failed_replies == []  # and no error once it was back: it reconnected
+    served = sum(
+        proxy.metric("hmsproxy_stale_replies_total", method=m)
+        for m in ("get_table", "get_partition_names")
+    )
+    assert served > 0  # --stale-if-error answered cached reads while the HMS was down
+    assert load.outage_replies > 0  # and prompt Thrift errors for the rest
 
 
 def _burst_value(reply: bytes) -> int | None:
@@ -129,7 +124,9 @@ def test_a_proxy_killed_and_restarted_during_a_write_burst(
                     c.alter_partition(sample.db, sample.table, part)
                 acked.append((time.monotonic(), n))
             except Exception:
-                time.sleep(0.05)  # the proxy is down: this write was never acknowledged
+                # The proxy is down: this write was never acknowledged. A pause before the next
+                # attempt, not a wait for anything.
+                time.sleep(0.05)
 
     def read_loop() -> None:
         while not stop.is_set():
@@ -151,8 +148,10 @@ def test_a_proxy_killed_and_restarted_during_a_write_burst(
         eventually(lambda: len(acked) > 20)
         writer.signal(signal.SIGKILL)  # mid-burst: some write was forwarded, not invalidated
         writer.wait(10)
-        killed_at = len(acked)
-        time.sleep(1.0)
+        killed_at, read_at = len(acked), reads[0]
+        # Reads go on at the reader while the writer is down, its last write perhaps
+        # forwarded and not invalidated: the ones that could be stale.
+        eventually(lambda: reads[0] > read_at + 20, what="reads while the writer is down")
         writer.start()  # the same ports, a new process
         eventually(lambda: len(acked) > killed_at + 20, timeout=60)
     finally:

@@ -1,7 +1,10 @@
+import pytest
 from hmsclient import hmsclient
 
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.sample import Sample
+
+pytestmark = pytest.mark.hms
 
 
 def test_hmsclient_through_the_proxy(proxy: ProxyProcess, sample: Sample) -> None:

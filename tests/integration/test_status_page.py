@@ -18,6 +18,8 @@ from tests.rig.proxy_process import ProxyProcess
 from tests.rig.redis_server import RedisServer
 from tests.rig.sample import Sample, client
 
+pytestmark = pytest.mark.hms
+
 
 def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")

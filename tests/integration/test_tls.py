@@ -24,6 +24,8 @@ from tests.rig.ports import free_port
 from tests.rig.redis_server import RedisServer
 from tests.rig.sample import Sample
 
+pytestmark = pytest.mark.hms
+
 M = idl.module()
 
 
@@ -37,16 +39,12 @@ def tls_hms(
     tmp_path_factory: pytest.TempPathFactory, authority: Authority
 ) -> Iterator[MetastoreServer]:
     issued = authority.issue("metastore", server=True)
-    server = MetastoreServer(
+    with MetastoreServer(
         tmp_path_factory.mktemp("tls-hms"),
         keystore=issued.keystore,
         keystore_password=KEYSTORE_PASSWORD,
-    )
-    server.start()
-    try:
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def client_context(
@@ -137,7 +135,7 @@ def test_the_proxy_speaks_tls_to_a_tls_metastore(
 def tls_redis(tmp_path: Path, authority: Authority) -> Iterator[RedisServer]:
     issued = authority.issue("redis", server=True)
     port = free_port()
-    server = RedisServer(
+    with RedisServer(
         tmp_path / "redis-tls",
         port,
         *("--port", "0", "--tls-port", str(port)),
@@ -145,12 +143,8 @@ def tls_redis(tmp_path: Path, authority: Authority) -> Iterator[RedisServer]:
         *("--tls-ca-cert-file", str(authority.ca), "--tls-auth-clients", "no"),
         *("--user", "default", "off"),
         *("--user", "proxy", "on", ">s3cret", "~*", "&*", "+@all"),
-    )
-    server.start()
-    try:
+    ) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_redis_over_tls_with_an_acl_user(

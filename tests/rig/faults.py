@@ -2,7 +2,9 @@
 
 It reproduces what the network and a metastore do to long-lived connections: a connection a
 load balancer or the HMS dropped while idle (the proxy only learns when it next uses it), a
-metastore that is slow to answer, and one that accepts calls and never answers.
+metastore (or store) that answers only when the test lets it, and one that accepts calls and
+never answers. Held answers tell a test that a call is in flight, and let it do something
+meanwhile, however long that takes.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Callable
 
 from tests.rig.ports import free_port
 
@@ -18,9 +21,11 @@ class FaultyRelay:
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
         self.port = free_port()
-        self.delay = 0.0
         self.blackhole = False
         self.connections = 0
+        self.held = 0  # answers waiting at the relay now (see hold_answers)
+        self._open = asyncio.Event()  # answers pass while it is set
+        self._open.set()
         self._doomed: set[int] = set()  # connection ids to drop on their next request
         self._live: dict[int, tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = {}
         self._loop = asyncio.new_event_loop()
@@ -50,6 +55,20 @@ class FaultyRelay:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
+
+    def hold_answers(self) -> None:
+        """From now on, answers from the target wait at the relay (counted in ``held``)
+        until ``release_answers``."""
+        self._in_loop(self._open.clear)
+
+    def release_answers(self) -> None:
+        self._in_loop(self._open.set)
+
+    def _in_loop(self, action: Callable[[], None]) -> None:
+        async def run() -> None:
+            action()
+
+        asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
 
     def drop_idle_connections_silently(self) -> int:
         """Every open connection fails on its next request, before any reply byte (stale)."""
@@ -87,8 +106,12 @@ class FaultyRelay:
                     break  # the request vanishes and the connection ends: a stale connection
                 if self.blackhole:
                     continue
-                if not upward and self.delay:
-                    await asyncio.sleep(self.delay)
+                if not upward and not self._open.is_set():
+                    self.held += 1
+                    try:
+                        await self._open.wait()
+                    finally:
+                        self.held -= 1
                 writer.write(data)
                 await writer.drain()
         for w in self._live.get(cid, ()):

@@ -10,6 +10,7 @@ from xml.sax.saxutils import escape
 
 from tests.rig import java
 from tests.rig.ports import free_port, wait_for_port
+from tests.rig.service import Service
 
 LOG4J2 = """status = error
 appender.console.type = Console
@@ -22,7 +23,11 @@ rootLogger.appenderRef.console.ref = console
 """
 
 
-class MetastoreServer:
+# What CallerLog.java writes to the log as a slow call begins.
+SLOW_CALL_STARTED = "hmsproxy.rig.CallerLog: slow call started: "
+
+
+class MetastoreServer(Service):
     """One HMS process with its own Derby folder and warehouse under ``workdir``."""
 
     def __init__(
@@ -130,21 +135,30 @@ class MetastoreServer:
             "-p",
             str(self.port),
         ]
-        log = open(self.workdir / "hms.log", "ab")  # noqa: SIM115 - the process owns it
-        self.process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir, start_new_session=True
-        )
-        log.close()
+        with open(self.workdir / "hms.log", "ab") as log:  # the process keeps its own copy
+            self.process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                start_new_session=True,
+            )
         try:
             wait_for_port(self.port, timeout, alive=lambda: self.process.poll() is None)  # type: ignore[union-attr]
         except Exception as exc:
             raise RuntimeError(f"HMS did not start: {exc}\n{self.log_tail()}") from exc
 
-    def log_tail(self, lines: int = 40) -> str:
+    def log(self) -> str:
         path = self.workdir / "hms.log"
-        if not path.exists():
-            return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
+
+    def slow_calls_started(self) -> int:
+        """How many slow calls (see CallerLog.java) this HMS has begun, restarts included:
+        each says so in the log as it begins its pause."""
+        return self.log().count(SLOW_CALL_STARTED)
 
     def kill(self) -> None:
         """SIGKILL, as a crashed or OOM-killed metastore goes."""

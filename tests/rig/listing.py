@@ -12,7 +12,7 @@ from hmsclient.genthrift.hive_metastore import ttypes as t
 from proxy.admin._gen import listing_pb2 as pb
 from proxy.admin._gen import listing_pb2_grpc as pb_grpc
 from tests.rig.proxy_process import ProxyProcess
-from tests.rig.sample import client, storage_descriptor
+from tests.rig.sample import client, partition, storage_descriptor, table
 
 Files = set[tuple[str, int, int]]  # (local path, size, modification time in ms)
 
@@ -31,27 +31,13 @@ def create_table(
     with client(host, port) as c:
         if db not in c.get_all_databases():
             c.create_database(t.Database(db, "", None, {}))
-        c.create_table(
-            t.Table(
-                tableName=name,
-                dbName=db,
-                owner="rig",
-                sd=storage_descriptor(location),
-                partitionKeys=[t.FieldSchema("ds", "string", None)] if partitions else [],
-                parameters={},
-                tableType="EXTERNAL_TABLE",
-            )
-        )
+        keys = ("ds",) if partitions else ()
+        sd = storage_descriptor(location)
+        c.create_table(table(db, name, sd, keys=keys, table_type="EXTERNAL_TABLE"))
         if partitions:
             c.add_partitions(
                 [
-                    t.Partition(
-                        values=[ds],
-                        dbName=db,
-                        tableName=name,
-                        sd=storage_descriptor(f"{location}/ds={ds}"),
-                        parameters=dict(parameters or {}),
-                    )
+                    partition(db, name, [ds], storage_descriptor(f"{location}/ds={ds}"), parameters)
                     for ds in partitions
                 ]
             )

@@ -92,33 +92,23 @@ def decode(method: str, reply: bytes) -> Any:
 
 
 def create_table(hms: Endpoint, warehouse: str, db: str, *tables: str) -> None:
-    from tests.rig.sample import storage_descriptor
+    from tests.rig.sample import partition, storage_descriptor, table
 
     m = idl.module()
     if db not in (hms.call("get_all_databases").success or []):
         hms.call("create_database", database=m.Database(db, "", f"{warehouse}/{db}.db", {}))
-    for table in tables:
+    for name in tables:
+        location = f"{warehouse}/{db}.db/{name}"
+        sd = storage_descriptor(location, types=m)
         hms.call(
             "create_table",
-            tbl=m.Table(
-                tableName=table,
-                dbName=db,
-                owner="rig",
-                sd=storage_descriptor(f"{warehouse}/{db}.db/{table}", types=m),
-                partitionKeys=[m.FieldSchema("ds", "string", None)],
-                parameters={"round": "0"},
-                tableType="MANAGED_TABLE",
-            ),
+            tbl=table(db, name, sd, keys=("ds",), parameters={"round": "0"}, types=m),
         )
         hms.call(
             "add_partitions",
             new_parts=[
-                m.Partition(
-                    values=[day],
-                    dbName=db,
-                    tableName=table,
-                    sd=storage_descriptor(f"{warehouse}/{db}.db/{table}/ds={day}", types=m),
-                    parameters={},
+                partition(
+                    db, name, [day], storage_descriptor(f"{location}/ds={day}", types=m), types=m
                 )
                 for day in ("2024-01-01", "2024-01-02")
             ],

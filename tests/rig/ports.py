@@ -14,6 +14,21 @@ def free_port(below: int = 65536) -> int:
             return port
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` different ports nothing listens on now: held open together while they are
+    chosen, so that no two are the same (``free_port`` twice can give one port twice)."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            held.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
 def _free(port: int) -> bool:
     with socket.socket() as s:
         try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.rig.ports import free_port, wait_for_port
+from tests.rig.ports import free_ports, wait_for_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,9 +21,7 @@ class ProxyProcess:
         self, workdir: Path, upstream: str, *args: str, env: dict[str, str] | None = None
     ) -> None:
         self.workdir = workdir
-        self.port = free_port()
-        self.metrics_port = free_port()
-        self.admin_port = free_port()
+        self.port, self.metrics_port, self.admin_port = free_ports(3)
         self.args = [
             "--upstream",
             upstream,
@@ -98,7 +96,14 @@ class ProxyProcess:
         return out
 
     def metric(self, name: str, **labels: str) -> float:
+        """The sample with exactly these labels (0 if there is none yet)."""
         return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def metric_sum(self, name: str, **labels: str) -> float:
+        """The sum of the samples named ``name`` that carry these labels, whatever others
+        they carry (``metric_sum("hmsproxy_cache_lookups_total", result="hit")``: every hit)."""
+        wanted = set(labels.items())
+        return sum(v for (n, ls), v in self.metrics().items() if n == name and wanted <= set(ls))
 
     def rss_bytes(self) -> int:
         assert self.process is not None

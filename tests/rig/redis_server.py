@@ -7,9 +7,11 @@ import subprocess
 from pathlib import Path
 
 from tests.rig.ports import free_port, wait_for_port
+from tests.rig.service import Service
+from tests.rig.waiting import eventually
 
 
-class RedisServer:
+class RedisServer(Service):
     def __init__(self, workdir: Path, port: int | None = None, *extra: str) -> None:
         self.workdir = workdir
         self.port = port or free_port()
@@ -56,7 +58,7 @@ class RedisServer:
             self.process.wait(10)
 
 
-class RedisCluster:
+class RedisCluster(Service):
     """Real ``redis-server`` nodes joined with ``redis-cli --cluster create``: three masters,
     and with ``replicas=1`` a replica for each (which takes over when its master dies)."""
 
@@ -81,8 +83,6 @@ class RedisCluster:
         return self.nodes[0].url.removesuffix("/0")
 
     def start(self) -> None:
-        import time
-
         try:
             for node in self.nodes:
                 node.start()
@@ -103,20 +103,11 @@ class RedisCluster:
             capture_output=True,
             timeout=60,
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            states = [
-                subprocess.run(
-                    ["redis-cli", "-p", str(n.port), "cluster", "info"],
-                    capture_output=True,
-                    text=True,
-                ).stdout
-                for n in self.nodes
-            ]
-            if all("cluster_state:ok" in s for s in states) and self._replicas_attached():
-                return
-            time.sleep(0.2)
-        raise TimeoutError("redis cluster did not become ready")
+        eventually(self._ready, 30, "the Redis Cluster to be ready", interval=0.2)
+
+    def _ready(self) -> bool:
+        ok = all("cluster_state:ok" in self.state(n) for n in self.nodes)
+        return ok and self._replicas_attached()
 
     def _replicas_attached(self) -> bool:
         """Replicas join after ``--cluster create`` returns; a master killed before its

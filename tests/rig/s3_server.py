@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from tests.rig.ports import free_port, wait_for_port
+from tests.rig.service import Service
 
 ACCESS_KEY = "test"
 SECRET_KEY = "test"
 REGION = "us-east-1"
 
 
-class S3Server:
+class S3Server(Service):
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.port = free_port()

@@ -27,27 +27,83 @@ class Sample:
     partition_names: tuple[str, ...] = tuple(f"ds={d}/region={r}" for d in DAYS for r in REGIONS)
 
 
+# How a table's files are stored: (input format, output format, serde, serde parameters).
+PARQUET = (
+    "org.apache.hadoop.hive.ql.io.parquet.MapredParquetInputFormat",
+    "org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat",
+    "org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe",
+    {"serialization.format": "1"},
+)
+TEXT = (
+    "org.apache.hadoop.mapred.TextInputFormat",
+    "org.apache.hadoop.hive.ql.io.HiveIgnoreKeyTextOutputFormat",
+    "org.apache.hadoop.hive.serde2.lazy.LazySimpleSerDe",
+    {},
+)
+
+# The builders below take ``types``: hmsclient's ``ttypes`` (the default), or the proxy's
+# thriftpy2 module (``idl.module()``), whose classes take the same arguments.
+
+
 def storage_descriptor(
-    location: str, columns: Sequence[tuple[str, str]] = COLUMNS, types: Any = t
+    location: str | None,
+    columns: Sequence[tuple[str, str]] = COLUMNS,
+    types: Any = t,
+    stored_as: tuple[str, str, str, dict[str, str]] = PARQUET,
 ) -> Any:
-    """A Parquet storage descriptor with ``(name, type)`` columns, built with ``types``:
-    hmsclient's ``ttypes`` (the default) or the proxy's thriftpy2 module (``idl.module()``),
-    whose classes take the same arguments."""
+    """A storage descriptor with ``(name, type)`` columns, stored as ``stored_as``."""
+    input_format, output_format, serde, serde_parameters = stored_as
     return types.StorageDescriptor(
         cols=[types.FieldSchema(name, kind, None) for name, kind in columns],
         location=location,
-        inputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetInputFormat",
-        outputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat",
+        inputFormat=input_format,
+        outputFormat=output_format,
         compressed=False,
         numBuckets=-1,
-        serdeInfo=types.SerDeInfo(
-            None,
-            "org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe",
-            {"serialization.format": "1"},
-        ),
+        serdeInfo=types.SerDeInfo(None, serde, dict(serde_parameters)),
         bucketCols=[],
         sortCols=[],
         parameters={},
+    )
+
+
+def table(
+    db: str,
+    name: str,
+    sd: Any,
+    *,
+    keys: Sequence[str] = (),
+    parameters: dict[str, str] | None = None,
+    table_type: str = "MANAGED_TABLE",
+    owner: str = "rig",
+    types: Any = t,
+) -> Any:
+    """A table partitioned by the string columns ``keys`` (none: unpartitioned)."""
+    return types.Table(
+        tableName=name,
+        dbName=db,
+        owner=owner,
+        sd=sd,
+        partitionKeys=[types.FieldSchema(key, "string", None) for key in keys],
+        parameters=dict(parameters or {}),
+        tableType=table_type,
+    )
+
+
+def partition(
+    db: str,
+    table_name: str,
+    values: Sequence[str],
+    sd: Any,
+    parameters: dict[str, str] | None = None,
+    types: Any = t,
+) -> Any:
+    return types.Partition(
+        values=list(values),
+        dbName=db,
+        tableName=table_name,
+        sd=sd,
+        parameters=dict(parameters or {}),
     )
 
 
@@ -76,37 +132,24 @@ def create(host: str, port: int, warehouse: str, *, framed: bool = False) -> Sam
             return sample
         c.create_database(t.Database(DB, "test objects", f"{warehouse}/{DB}.db", {}))
         c.create_table(
-            t.Table(
-                tableName=PARTITIONED,
-                dbName=DB,
-                owner="rig",
-                sd=storage_descriptor(f"{warehouse}/{DB}.db/{PARTITIONED}"),
-                partitionKeys=[
-                    t.FieldSchema("ds", "string", None),
-                    t.FieldSchema("region", "string", None),
-                ],
+            table(
+                DB,
+                PARTITIONED,
+                storage_descriptor(f"{warehouse}/{DB}.db/{PARTITIONED}"),
+                keys=("ds", "region"),
                 parameters={"EXTERNAL": "FALSE"},
-                tableType="MANAGED_TABLE",
             )
         )
         c.create_table(
-            t.Table(
-                tableName=UNPARTITIONED,
-                dbName=DB,
-                owner="rig",
-                sd=storage_descriptor(f"{warehouse}/{DB}.db/{UNPARTITIONED}"),
-                partitionKeys=[],
-                parameters={},
-                tableType="MANAGED_TABLE",
-            )
+            table(DB, UNPARTITIONED, storage_descriptor(f"{warehouse}/{DB}.db/{UNPARTITIONED}"))
         )
         parts = [
-            t.Partition(
-                values=[d, r],
-                dbName=DB,
-                tableName=PARTITIONED,
-                sd=storage_descriptor(f"{warehouse}/{DB}.db/{PARTITIONED}/ds={d}/region={r}"),
-                parameters={"numRows": "10"},
+            partition(
+                DB,
+                PARTITIONED,
+                [d, r],
+                storage_descriptor(f"{warehouse}/{DB}.db/{PARTITIONED}/ds={d}/region={r}"),
+                {"numRows": "10"},
             )
             for d in DAYS
             for r in REGIONS
@@ -142,15 +185,5 @@ def create_slow_table(host: str, port: int, db: str = DB) -> str:
         if db not in c.get_all_databases():
             c.create_database(t.Database(db, "", None, {}))
         if SLOW_TABLE not in c.get_all_tables(db):
-            c.create_table(
-                t.Table(
-                    tableName=SLOW_TABLE,
-                    dbName=db,
-                    owner="rig",
-                    sd=storage_descriptor(None),  # type: ignore[arg-type]
-                    partitionKeys=[],
-                    parameters={},
-                    tableType="MANAGED_TABLE",
-                )
-            )
+            c.create_table(table(db, SLOW_TABLE, storage_descriptor(None)))
     return SLOW_TABLE

@@ -19,6 +19,8 @@ import pytest
 from proxy import idl
 from tests.rig import java
 
+pytestmark = pytest.mark.hms
+
 PRIMITIVES = {
     2: "bool",
     3: "byte",

@@ -125,8 +125,4 @@ class Workload:
 
 
 def hits(proxy: ProxyProcess) -> float:
-    return sum(
-        v
-        for (name, labels), v in proxy.metrics().items()
-        if name == "hmsproxy_cache_lookups_total" and ("result", "hit") in labels
-    )
+    return proxy.metric_sum("hmsproxy_cache_lookups_total", result="hit")

@@ -7,6 +7,9 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from thrift.protocol.TBinaryProtocol import TBinaryProtocol
+from thrift.Thrift import TMessageType
+from thrift.transport.TTransport import TMemoryBuffer
 
 from proxy import catalog, idl
 from proxy.cache import entry as codec
@@ -23,6 +26,7 @@ from proxy.cache.keys import (
 )
 from proxy.cache.plan import Planner, Ttls
 from proxy.wire.binary import MessageType, encode_header
+from tests.rig.sample import storage_descriptor
 
 M = idl.module()
 NAMING = Naming()
@@ -319,21 +323,10 @@ def test_fingerprints_see_every_version() -> None:
 
 
 def _partition(i: int, cols: int = 20) -> bytes:
-    sd = M.StorageDescriptor(
-        cols=[M.FieldSchema(f"column_number_{c}", "string", None) for c in range(cols)],
-        location=f"hdfs://nn:8020/warehouse/db.db/t/ds=2024-01-{i:02d}",
-        inputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetInputFormat",
-        outputFormat="org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat",
-        compressed=False,
-        numBuckets=-1,
-        serdeInfo=M.SerDeInfo(
-            None,
-            "org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe",
-            {"serialization.format": "1"},
-        ),
-        bucketCols=[],
-        sortCols=[],
-        parameters={},
+    sd = storage_descriptor(
+        f"hdfs://nn:8020/warehouse/db.db/t/ds=2024-01-{i:02d}",
+        [(f"column_number_{c}", "string") for c in range(cols)],
+        types=M,
     )
     part = M.Partition(
         values=[f"2024-01-{i:02d}"],
@@ -423,6 +416,20 @@ def test_the_names_field_is_replaced_and_nothing_else() -> None:
     )
 
 
-def test_assembled_reply_header_is_the_hms_header() -> None:
-    header = encode_header("get_partitions_by_names", MessageType.REPLY, 7)
-    assert header.startswith(b"\x80\x01\x00\x02")
+@pytest.mark.parametrize("method", ["get_partitions_by_names", "get_partitions_by_names_req"])
+def test_assembled_reply_header_is_the_hms_header(method: str) -> None:
+    """A reply the proxy assembles from cached partitions (the handler's header, then
+    ``assemble``) is the message the HMS writes: its header as Apache Thrift's
+    TBinaryProtocol writes it (as libthrift does), then the same result, byte for byte."""
+    originals = [_partition(i, cols=2) for i in (1, 2)]
+    written = TMemoryBuffer()
+    TBinaryProtocol(written, strictWrite=True).writeMessageBegin(method, TMessageType.REPLY, 7)
+    hms_header = written.getvalue()
+    hms_reply = hms_header + _reply_body(method, originals)
+    split = parts.split(method, hms_reply[len(hms_header) :])
+    assert split is not None
+    assembled = encode_header(method, MessageType.REPLY, 7) + parts.assemble(
+        method, [data for _, data in split.partitions]
+    )
+    assert assembled[: len(hms_header)] == hms_header
+    assert assembled == hms_reply

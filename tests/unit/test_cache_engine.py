@@ -115,6 +115,7 @@ def test_not_found_is_cached_until_the_create() -> None:
 def test_other_declared_exceptions_are_not_cached() -> None:
     meta = reply("get_table", idl.result_class("get_table")(o1=M.MetaException("boom")))
     assert storable(GET_TABLE, meta, max_bytes=1 << 20, serve_iceberg=True) is None
+    assert storable(GET_TABLE, TABLE, max_bytes=1 << 20, serve_iceberg=True) == (0, GET_TABLE.ttl)
     tables = reply("get_all_tables", idl.result_class("get_all_tables")(success=["t"]))
     plan = read_plan("get_all_tables", db_name="db")
     assert storable(plan, tables, max_bytes=1 << 20, serve_iceberg=True) == (0, plan.ttl)

@@ -26,9 +26,11 @@ import org.apache.hadoop.security.UserGroupInformation;
  * SIGTERM, to kill the HMS under, or to kill a proxy under between forwarding a write and
  * invalidating it). Adding partitions to a table whose name starts with "slowadd", or reading
  * one whose name starts with "slowlong", takes it ten seconds, as a large add_partitions or
- * partition list does on a busy metastore.
+ * partition list does on a busy metastore. Each slow call writes a line to the HMS's log as it
+ * begins, so that a test can wait until the call is at the metastore instead of sleeping.
  */
 public class CallerLog extends MetaStorePreEventListener {
+  static final String SLOW_CALL_STARTED = "hmsproxy.rig.CallerLog: slow call started: ";
   private final String path;
 
   public CallerLog(Configuration config) {
@@ -57,6 +59,14 @@ public class CallerLog extends MetaStorePreEventListener {
     boolean long_ =
         (context instanceof PreAddPartitionEvent && target.contains(".slowadd"))
             || (context instanceof PreReadTableEvent && target.contains(".slowlong"));
+    boolean slow =
+        (context instanceof PreReadTableEvent && target.contains(".slowread"))
+            || (context instanceof PreAlterTableEvent && target.contains(".slowwrite"));
+    if (long_ || slow) {
+      // What the tests wait for (MetastoreServer.slow_calls_started): the call is here now.
+      System.err.println(SLOW_CALL_STARTED + context.getEventType().name() + " " + target);
+      System.err.flush();
+    }
     if (long_) {
       try {
         Thread.sleep(10000);
@@ -64,9 +74,6 @@ public class CallerLog extends MetaStorePreEventListener {
         Thread.currentThread().interrupt();
       }
     }
-    boolean slow =
-        (context instanceof PreReadTableEvent && target.contains(".slowread"))
-            || (context instanceof PreAlterTableEvent && target.contains(".slowwrite"));
     if (slow) {
       try {
         Thread.sleep(3000);
