@@ -95,7 +95,7 @@ def commit_shape(method: str, args: Any) -> Commit | None:
     as they are (a rename, a property change): both carry a ``metadata_location`` and a
     different ``previous_metadata_location``. A commit moves ``metadata_location``; the
     other keeps the table's current one. So the caller asks the metastore for the current
-    one and adds the check only when the alter moves it (see the handler)."""
+    one and adds the check only when the alter moves it (see ``proxy.handler.writes``)."""
     if method not in GUARDED:
         return None
     table = getattr(args, "new_tbl", None)

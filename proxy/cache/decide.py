@@ -77,16 +77,17 @@ def judge(
     versions: Versions,
     entry: codec.Entry | None,
     *,
+    now: float,
     serve_iceberg: bool,
 ) -> Verdict:
     """What a whole-reply look-up found: ``entry`` is the candidate (the in-process copy,
-    or the store's entry decoded), ``None`` if there is none."""
+    or the store's entry decoded), ``None`` if there is none; ``now`` is Unix time."""
     if fenced(refs, versions):
         return BYPASS  # a write or a lock is under way: neither serve nor fill
     values = [versions[r.key][r.field] for r in refs]
     if entry is None or any(versions[r.key].get(EPOCH) is None for r in refs):
         return Verdict(Result.MISS, values=values)
-    if entry.fingerprint != codec.fingerprint(values) or entry.ttl <= 0:
+    if entry.fingerprint != codec.fingerprint(values) or entry.expires_at <= now:
         return Verdict(Result.MISS, values=values)
     if entry.iceberg and not serve_iceberg:
         return BYPASS
@@ -94,7 +95,12 @@ def judge(
 
 
 def judge_stale(
-    refs: Sequence[VersionRef], versions: Versions, entry: codec.Entry | None, window: float
+    refs: Sequence[VersionRef],
+    versions: Versions,
+    entry: codec.Entry | None,
+    *,
+    now: float,
+    window: float,
 ) -> bytes | None:
     """``--stale-if-error``: the reply of an entry past its TTL (by at most ``window``) whose
     versions are still current. Never one a write invalidated or is fencing: stale in time
@@ -102,7 +108,7 @@ def judge_stale(
     if entry is None or fenced(refs, versions):
         return None
     current = codec.fingerprint([versions[r.key][r.field] for r in refs])
-    if entry.fingerprint != current or entry.ttl < -window:
+    if entry.fingerprint != current or entry.expires_at < now - window:
         return None
     return entry.payload
 
@@ -119,10 +125,10 @@ def partition_fingerprint(
 
 
 def judge_partition(
-    entry: codec.Entry, versions: Mapping[str, bytes | None], version_field: str
+    entry: codec.Entry, versions: Mapping[str, bytes | None], version_field: str, now: float
 ) -> tuple[bool, bytes | None]:
     """(current?, the partition's struct, or ``None`` for one the metastore does not have)."""
-    if entry.ttl <= 0:
+    if entry.expires_at <= now:
         return False, None
     present = not entry.absent
     current = entry.fingerprint == partition_fingerprint(versions, version_field, present=present)

@@ -99,13 +99,12 @@ class CacheEngine:
             write_fence=write_fence,
             changes=activity,
         )
-        settled = self.invalidations.settled
         self.whole = WholeReads(
             store,
             metrics,
             self.dictionaries,
             self.l1,
-            settled=settled,
+            pending=self.invalidations,
             serve_iceberg=lambda: self.serve_iceberg(),
             max_entry_bytes=max_entry_bytes,
             stale_window=stale_window,
@@ -117,7 +116,7 @@ class CacheEngine:
             metrics,
             self.dictionaries,
             self.l1,
-            settled=settled,
+            pending=self.invalidations,
             dictionary_ttl=planner.ttls.longest * 2 + 60,
             seen=activity,
         )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from proxy.cache import entry as codec
@@ -24,7 +24,7 @@ from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.keys import EPOCH, Naming, partition_field
 from proxy.cache.l1 import L1
 from proxy.cache.plan import PartitionPlan, ReadPlan, VersionRef
-from proxy.cache.reads import ReadCall, Seen, Served
+from proxy.cache.reads import Pending, ReadCall, Seen, Served
 from proxy.cache.store import CacheUnavailable, Store
 from proxy.metrics import Metrics, method_label
 from proxy.wire.binary import MessageType, encode_header
@@ -52,7 +52,7 @@ class PartitionReads:
         dictionaries: Dictionaries,
         l1: L1 | None,
         *,
-        settled: Callable[[], Awaitable[bool]],
+        pending: Pending,
         dictionary_ttl: float,
         seen: Seen | None,
     ) -> None:
@@ -61,7 +61,7 @@ class PartitionReads:
         self.metrics = metrics
         self.dictionaries = dictionaries
         self.l1 = l1
-        self.settled = settled
+        self.pending = pending
         self.dictionary_ttl = dictionary_ttl
         self.seen = seen
         self.assemble = True  # False once the metastore was seen to answer out of order
@@ -107,7 +107,7 @@ class PartitionReads:
     async def lookup(self, plan: ReadPlan) -> PartitionLookup:
         pp = plan.partitions
         assert pp is not None
-        if not self.assemble or not await self.settled():
+        if not self.assemble or (self.pending.pending and not await self.pending.settled()):
             return PartitionLookup(Result.BYPASS)
         key = self.naming.versions(pp.tag)
         fields = [EPOCH, "pgen", "partset", *pp.fields]
@@ -129,6 +129,7 @@ class PartitionReads:
         await self.dictionaries.load(
             pp.tag, {codec.dictionary_id(v) for v in found.values() if v is not None}
         )
+        now = time.time()
         for values, ekey, version_field in zip(pp.values, entry_keys, pp.fields, strict=True):
             entry = fronts.get(ekey)
             if entry is None:
@@ -139,11 +140,11 @@ class PartitionReads:
                     entry = codec.decode(value, self.dictionaries.get(codec.dictionary_id(value)))
                 except codec.EntryError:
                     continue
-                current_entry, payload = judge_partition(entry, current, version_field)
+                current_entry, payload = judge_partition(entry, current, version_field, now)
                 if current_entry and l1 is not None:
                     l1.put(ekey, entry, entry.ttl)
             else:
-                current_entry, payload = judge_partition(entry, current, version_field)
+                current_entry, payload = judge_partition(entry, current, version_field, now)
             if current_entry:
                 out.known[values] = payload
         if len(out.known) == len(pp.values):
@@ -175,8 +176,9 @@ class PartitionReads:
         pp = plan.partitions
         assert pp is not None
         compress = self.store.compress
-        dictionary = self.dictionaries.of_table(pp.tag, next(iter(got.values()), None))
-        dictionary = dictionary if compress else None
+        sample = next(iter(got.values()), None)
+        # The embedded store keeps entries uncompressed: no dictionary to make or keep.
+        dictionary = self.dictionaries.of_table(pp.tag, sample) if compress else None
         # The in-process copies carry their expiry like decoded ones: look-ups check it.
         expires = time.time() + plan.ttl
         items = []

@@ -21,7 +21,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from proxy.cache import entry as codec
 from proxy.cache.decide import BYPASS, Result, Verdict, group, judge, judge_stale, storable
@@ -64,6 +64,15 @@ class Served:
     source: str  # "cache" or "upstream"
 
 
+class Pending(Protocol):
+    """Invalidations the store did not take yet (see :mod:`.writes`)."""
+
+    pending: list[Any]
+
+    async def settled(self) -> bool:
+        """Apply them if the store takes them now; whether none is left."""
+
+
 class Seen(Protocol):
     """Where looked-up tables are counted (the status page)."""
 
@@ -78,7 +87,7 @@ class WholeReads:
         dictionaries: Dictionaries,
         l1: L1 | None,
         *,
-        settled: Callable[[], Awaitable[bool]],
+        pending: Pending,
         serve_iceberg: Callable[[], bool],
         max_entry_bytes: int,
         stale_window: float,
@@ -88,8 +97,8 @@ class WholeReads:
         self.metrics = metrics
         self.dictionaries = dictionaries
         self.l1 = l1
-        # False while invalidations the store did not take are pending: no hits until then.
-        self.settled = settled
+        # Invalidations the store did not take yet: no hits until they are applied.
+        self.pending = pending
         self.serve_iceberg = serve_iceberg
         self.max_entry_bytes = max_entry_bytes
         self.stale_window = stale_window
@@ -109,7 +118,9 @@ class WholeReads:
             return Served(await call.forward(None, None), "upstream")
         flight = self._flights.get((plan.key, fp))
         if flight is not None:  # the same request under the same versions is on its way
-            shared = await flight
+            # Shielded: a waiter cancelled (its client gone, a gRPC deadline) must not
+            # cancel the flight the leader and the other waiters share.
+            shared = await asyncio.shield(flight)
             if shared is not None:
                 return Served(await call.serve(shared), "cache")
             return Served(await call.forward(None, None), "upstream")
@@ -131,12 +142,15 @@ class WholeReads:
         try:
             outcome = await call.forward(keep, stale if self.stale_window > 0 else None)
         finally:
+            # Whatever became of the leader (answered, failed, cancelled), its waiters get
+            # the reply it kept, or None: each then asks the metastore itself.
             future = self._flights.pop((plan.key, fp))
-            future.set_result(kept[0] if kept else None)
+            if not future.done():
+                future.set_result(kept[0] if kept else None)
         return Served(outcome, "upstream")
 
     async def lookup(self, plan: ReadPlan) -> Verdict:
-        if not await self.settled():
+        if self.pending.pending and not await self.pending.settled():
             return BYPASS
         front = self.l1.get(plan.key) if self.l1 is not None else None
         try:
@@ -152,7 +166,9 @@ class WholeReads:
                 entry = codec.decode(value, await self.dictionaries.for_value(value, plan.tag))
             except codec.EntryError:
                 entry = None
-        verdict = judge(plan.refs, versions, entry, serve_iceberg=self.serve_iceberg())
+        verdict = judge(
+            plan.refs, versions, entry, now=time.time(), serve_iceberg=self.serve_iceberg()
+        )
         if verdict.hit and front is None and entry is not None and self.l1 is not None:
             self.l1.put(plan.key, entry, entry.ttl)
         return verdict
@@ -170,7 +186,7 @@ class WholeReads:
             entry = codec.decode(value, await self.dictionaries.for_value(value, plan.tag))
         except codec.EntryError:
             return None
-        return judge_stale(plan.refs, versions, entry, self.stale_window)
+        return judge_stale(plan.refs, versions, entry, now=time.time(), window=self.stale_window)
 
     async def fill_fingerprint(self, plan: ReadPlan, miss: Verdict) -> bytes | None:
         """The fingerprint a fill for ``miss`` must carry; makes missing epochs first."""

@@ -31,6 +31,7 @@ from redis.exceptions import TimeoutError as RedisTimeout
 
 from proxy.cache import locks, resp
 from proxy.cache.keys import COORDINATION, EPOCH, Bump
+from proxy.cache.redis_tls import refusal
 from proxy.cache.store import CacheUnavailable, Found, Versions, new_epoch, note_fences
 from proxy.metrics import Metrics
 from proxy.retry import Backoff, Breaker
@@ -145,6 +146,11 @@ class RedisStore:
                     cluster = bool(info.get("cluster_enabled"))
                 if cluster:
                     await plain.aclose()
+                    # Found only now in auto mode: TLS settings redis-py's cluster client
+                    # does not take would make it trust what the lean connections do not.
+                    refused = refusal(self.url, cluster=True) if self.mode == "auto" else None
+                    if refused:
+                        raise RedisError(f"the server is a Redis Cluster, and {refused}")
                     client = RedisCluster.from_url(
                         self.url, socket_timeout=limit, socket_connect_timeout=limit
                     )

@@ -13,7 +13,7 @@ to Redis (see ``redis_store``):
 * ``flush``: forget everything;
 * ``lease``/``set_if_leader``/``release``: one notification follower among the proxies
   sharing a store;
-* ``fence``/``unfence``: mark tables as being written (crash safety, see the engine);
+* ``fence``/``unfence``: mark tables as being written (crash safety, see ``proxy.cache.writes``);
 * ``mark``/``unmark``/``marks``: fence fields of HMS locks (``proxy.cache.locks``);
 * ``connect``/``ping``/``close``: the connection's life, and the readiness check.
 

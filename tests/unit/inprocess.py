@@ -1,6 +1,8 @@
-"""The proxy's request path in process: a :class:`CallHandler` built as ``proxy/app.py``
-builds it, on an :class:`UpstreamPool` whose connections go to a :class:`ScriptedHMS`, with
-the embedded store, and a fake client channel that captures what the client is sent."""
+"""The proxy's request path in process: a :class:`CallHandler` with the same parts
+``proxy/app.py`` gives it (an :class:`UpstreamPool`, here with connections to a
+:class:`ScriptedHMS`; a :class:`CacheEngine` on the embedded store, without the status page,
+stale-if-error or the Iceberg policy, which ``app.build_cache`` adds and the integration
+tests exercise), and a fake client channel that captures what the client is sent."""
 
 from __future__ import annotations
 

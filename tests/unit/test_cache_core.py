@@ -24,8 +24,8 @@ from proxy.cache.keys import (
     partition_field,
     split_catalog,
 )
+from proxy.cache.partition_reads import PartitionReads
 from proxy.cache.plan import Planner, Ttls
-from proxy.wire.binary import MessageType, encode_header
 from tests.rig.sample import storage_descriptor
 
 M = idl.module()
@@ -418,9 +418,11 @@ def test_the_names_field_is_replaced_and_nothing_else() -> None:
 
 @pytest.mark.parametrize("method", ["get_partitions_by_names", "get_partitions_by_names_req"])
 def test_assembled_reply_header_is_the_hms_header(method: str) -> None:
-    """A reply the proxy assembles from cached partitions (the handler's header, then
-    ``assemble``) is the message the HMS writes: its header as Apache Thrift's
-    TBinaryProtocol writes it (as libthrift does), then the same result, byte for byte."""
+    """A reply the proxy assembles from cached partitions (``PartitionReads._assembled``,
+    what a hit sends) is the message the HMS writes: its header as Apache Thrift's
+    TBinaryProtocol writes it (as libthrift does), then the same result, byte for byte,
+    whatever order the request named the partitions in and whichever it named that the
+    metastore does not have."""
     originals = [_partition(i, cols=2) for i in (1, 2)]
     written = TMemoryBuffer()
     TBinaryProtocol(written, strictWrite=True).writeMessageBegin(method, TMessageType.REPLY, 7)
@@ -428,8 +430,17 @@ def test_assembled_reply_header_is_the_hms_header(method: str) -> None:
     hms_reply = hms_header + _reply_body(method, originals)
     split = parts.split(method, hms_reply[len(hms_header) :])
     assert split is not None
-    assembled = encode_header(method, MessageType.REPLY, 7) + parts.assemble(
-        method, [data for _, data in split.partitions]
-    )
+    names = ["ds=2024-01-02", "ds=1999-01-01", "ds=2024-01-01"]  # not in name order, one absent
+    if method == "get_partitions_by_names":
+        plan = read_plan(method, db_name="db", tbl_name="t", names=names)
+    else:
+        plan = read_plan(
+            method, req=M.GetPartitionsByNamesRequest(db_name="db", tbl_name="t", names=names)
+        )
+    assert plan is not None and plan.partitions is not None
+    known: dict[tuple[str, ...], bytes | None] = dict(split.partitions)
+    known[("1999-01-01",)] = None  # the metastore has no such partition
+    assert set(known) == set(plan.partitions.values)
+    assembled = PartitionReads._assembled(plan, 7, known)
     assert assembled[: len(hms_header)] == hms_header
     assert assembled == hms_reply

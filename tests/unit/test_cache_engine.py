@@ -217,6 +217,64 @@ def test_concurrent_misses_of_one_request_share_one_metastore_call() -> None:
     asyncio.run(run())
 
 
+def test_a_cancelled_waiter_leaves_the_flight_to_the_others() -> None:
+    async def run() -> None:
+        e = engine()
+        release = asyncio.Event()
+        request = call("get_table", dbname="db", tbl_name="t")
+        reads = [ScriptedRead(request, TABLE, release) for _ in range(3)]
+        leader = asyncio.create_task(e.read(GET_TABLE, reads[0]))
+        await until(lambda: e.whole._flights, "the leader is on its way to the metastore")
+        waiters = [asyncio.create_task(e.read(GET_TABLE, r)) for r in reads[1:]]
+        for _ in range(20):
+            await asyncio.sleep(0)  # both waiters join the flight
+        waiters[0].cancel()  # its client went away, say
+        release.set()
+        served, other = await asyncio.gather(leader, waiters[1])
+        assert waiters[0].cancelled()
+        assert (served.source, other.source) == ("upstream", "cache")
+        assert reads[0].got == reads[2].got == [TABLE.data]
+        assert sum(r.upstream_calls for r in reads) == 1
+
+    asyncio.run(run())
+
+
+def test_waiters_of_a_leader_that_fails_or_is_cancelled_ask_the_metastore_themselves() -> None:
+    class Failing(ScriptedRead):
+        async def forward(self, keep: Any, fallback: Any) -> str:
+            self.upstream_calls += 1
+            await self.release.wait()
+            raise RuntimeError("the leader's call broke")
+
+    async def run() -> None:
+        for ending in ("raises", "cancelled"):
+            e = engine()
+            release, later = asyncio.Event(), asyncio.Event()
+            request = call("get_table", dbname="db", tbl_name="t")
+            first = Failing(request, TABLE, release)
+            leader = asyncio.create_task(e.read(GET_TABLE, first))
+            await until(lambda: e.whole._flights, "the leader is on its way")  # noqa: B023
+            second = ScriptedRead(request, TABLE, later)
+            waiter = asyncio.create_task(e.read(GET_TABLE, second))
+            for _ in range(20):
+                await asyncio.sleep(0)
+            if ending == "raises":
+                release.set()
+            else:
+                leader.cancel()
+            await asyncio.gather(leader, return_exceptions=True)
+            assert not e.whole._flights
+            later.set()
+            served = await waiter
+            assert (served.source, second.upstream_calls, second.got) == (
+                "upstream",
+                1,
+                [TABLE.data],
+            ), ending
+
+    asyncio.run(run())
+
+
 class LateFenceStore(MemoryStore):
     """Fences recorded as Redis keeps them; the fence call's reply can come too late (the
     fence is set, the caller sees a timeout), and unfencing can fail."""

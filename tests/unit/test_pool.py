@@ -175,6 +175,27 @@ def test_a_stale_pooled_connection_is_retried_once_on_a_fresh_one() -> None:
     asyncio.run(run())
 
 
+def test_a_retry_that_fails_too_ends_the_call() -> None:
+    """One retry, on a fresh connection; if the metastore hangs up on that one as well, the
+    client's connection ends as it would talking to the HMS (no third attempt)."""
+
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T)
+            r.hms.add_table(DB, "u")
+            s = SessionState("a")
+            await r.call(s, "get_table", 1, dbname=DB, tbl_name=T)
+            r.hms.script("get_table", HANG_UP, HANG_UP)
+            client = Client()
+            with pytest.raises(ClientGone):  # (a table not cached yet: the call goes upstream)
+                await r.handler.handle(s, request("get_table", 2, dbname=DB, tbl_name="u"), client)
+            assert [c.conn for c in r.hms.received] == [1, 1, 2]
+            assert not client.data
+            assert r.active == 0  # both connections given up, their slots free
+
+    asyncio.run(run())
+
+
 def test_a_write_on_a_stale_connection_is_not_retried() -> None:
     """The HMS may have applied it before it hung up: the writer must decide, as it would
     talking to the HMS directly (its connection ends)."""
