@@ -23,7 +23,8 @@ class SessionState:
 
     def lost_pin(self) -> bool:
         """Whether the client's own connection was closed (after a failed exchange): it is
-        forgotten, and the client must be disconnected, since its state is gone."""
+        then forgotten. Its state (setMetaConf) is gone with it: a forwarded call ends the
+        client's connection too."""
         if self.pinned is not None and self.pinned.closed:
             self.pinned = None
             return True

@@ -262,13 +262,18 @@ def test_redis_killed_and_restarted_under_load(
 ) -> None:
     proxy = proxy_factory("--redis", own_redis.url)
     with Workload(hms, proxy, sample) as load:
-        time.sleep(1.5)
-        assert hits(proxy) > 0
+        eventually(lambda: hits(proxy) > 0, what="hits under load")
         own_redis.stop()
-        time.sleep(2.0)
+        rounds = load.rounds
+        # The outage is seen, and at least three rounds of calls (and their writes) are
+        # answered during it.
+        eventually(lambda: proxy.metric_sum("hmsproxy_cache_errors_total") > 0, what="errors")
+        eventually(
+            lambda: load.rounds >= rounds + 3 + load.write_every, what="rounds during the outage"
+        )
         hits_during_outage = hits(proxy)
         own_redis.start()  # same port, empty
-        time.sleep(3.0)
+        eventually(lambda: hits(proxy) > hits_during_outage + 5, 30, "hits again")
     assert load.errors == [] and load.failed_replies == []
     assert load.mismatches == []
     assert hits(proxy) > hits_during_outage + 5  # hits resumed without a restart
@@ -284,16 +289,26 @@ def test_redis_frozen_with_writes_pending(
     proxy = proxy_factory("--redis", own_redis.url, "--redis-timeout", "0.05")
     assert own_redis.process is not None
     with Workload(hms, proxy, sample) as load:
-        time.sleep(1.5)
+        eventually(lambda: hits(proxy) > 0, what="hits under load")
         os.kill(own_redis.process.pid, signal.SIGSTOP)
         try:
-            time.sleep(2.0)
+            # Writes are made while Redis does not answer, and their invalidations kept.
+            eventually(
+                lambda: "could not apply an invalidation" in proxy.log(),
+                30,
+                "an invalidation kept pending",
+            )
+            rounds = load.rounds
+            eventually(lambda: load.rounds >= rounds + 3, 30, "reads while Redis is frozen")
         finally:
             os.kill(own_redis.process.pid, signal.SIGCONT)
-        time.sleep(3.0)
+        eventually(
+            lambda: "pending invalidations applied" in proxy.log(), 30, "the pending applied"
+        )
+        applied = hits(proxy)
+        eventually(lambda: hits(proxy) > applied, 30, "hits after the pending were applied")
     assert load.errors == [] and load.failed_replies == []
     assert load.mismatches == []
-    assert "pending invalidations applied" in proxy.log()
 
 
 def test_starts_and_serves_with_redis_down(

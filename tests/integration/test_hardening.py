@@ -130,7 +130,14 @@ def test_an_unreachable_metastore_is_one_warning_and_not_ready(
 ) -> None:
     proxy = proxy_factory(upstream=f"thrift://127.0.0.1:{free_port()}")
     eventually(lambda: get(proxy, "/readyz")[0] == 503)
-    time.sleep(5)  # two readiness probes and a few follower polls
+    failed = proxy.metric("hmsproxy_upstream_connects_total", result="failed")
+    # Several more attempts (readiness probes, follower polls), each of which used to log a
+    # warning of its own.
+    eventually(
+        lambda: proxy.metric("hmsproxy_upstream_connects_total", result="failed") >= failed + 3,
+        30,
+        "three more connection attempts",
+    )
     warnings = [
         line for line in proxy.log().splitlines() if "WARNING" in line and "connect" in line
     ]
