@@ -1,8 +1,9 @@
 """The proxy's request path in process: a :class:`CallHandler` with the same parts
 ``proxy/app.py`` gives it (an :class:`UpstreamPool`, here with connections to a
-:class:`ScriptedHMS`; a :class:`CacheEngine` on the embedded store, without the status page,
-stale-if-error or the Iceberg policy, which ``app.build_cache`` adds and the integration
-tests exercise), and a fake client channel that captures what the client is sent."""
+:class:`ScriptedHMS`; a :class:`CacheEngine` on the embedded store, without the status
+page, the Iceberg policy and, unless asked, stale-if-error, which ``app.build_cache`` adds
+and the integration tests exercise), and a fake client channel that captures what the
+client is sent."""
 
 from __future__ import annotations
 
@@ -109,7 +110,11 @@ class Rig:
 
 @contextlib.asynccontextmanager
 async def rig(
-    *, cache: bool = True, store: MemoryStore | None = None, **values: Any
+    *,
+    cache: bool = True,
+    store: MemoryStore | None = None,
+    stale_window: float = 0.0,
+    **values: Any,
 ) -> AsyncIterator[Rig]:
     """Everything from the handler down to a scripted metastore, closed afterwards;
     ``values`` are options (``upstream_max_connections=1``)."""
@@ -121,7 +126,12 @@ async def rig(
     engine = None
     if cache:
         engine = CacheEngine(
-            store, PLANNER, metrics, l1_bytes=1 << 24, max_entry_bytes=opts.cache_max_entry_bytes
+            store,
+            PLANNER,
+            metrics,
+            l1_bytes=1 << 24,
+            max_entry_bytes=opts.cache_max_entry_bytes,
+            stale_window=stale_window,
         )
     handler = CallHandler(pool, metrics, engine, max_reply_bytes=opts.max_reply_bytes)
     try:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from thrift.Thrift import TApplicationException
@@ -150,6 +152,59 @@ def test_get_partitions_by_names_is_assembled_from_cached_partitions() -> None:
             )
             assert [p.values for p in result_of(reply).success] == [[d] for d in DAYS]
             assert r.hms.calls["get_partitions_by_names"] == 2
+
+    asyncio.run(run())
+
+
+def test_partitions_out_of_name_order_turn_assembly_off_and_pass_through() -> None:
+    """A metastore that does not answer in partition-name order (say, another database
+    collation): its reply goes to the client as it is, and from then on nothing is
+    assembled (every such call goes to the metastore whole)."""
+
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS)
+            have = r.hms.partitions[(DB, T)]
+
+            def unordered(conn: Any, args: Any) -> Any:
+                found = [have[n] for n in sorted(set(args.names), reverse=True) if n in have]
+                return idl.result_class("get_partitions_by_names")(success=found)
+
+            r.hms.answers["get_partitions_by_names"] = unordered
+            s = SessionState("a")
+            asked = names(*DAYS)
+            for seqid in (1, 2):
+                reply = await r.call(
+                    s, "get_partitions_by_names", seqid, db_name=DB, tbl_name=T, names=asked
+                )
+                assert reply == r.hms.answer(
+                    "get_partitions_by_names", seqid, db_name=DB, tbl_name=T, names=asked
+                )
+            assert r.cache is not None and r.cache.partitions.assemble is False
+            assert r.hms.calls["get_partitions_by_names"] == 2
+
+    asyncio.run(run())
+
+
+def test_stale_if_error_answers_from_an_expired_entry_while_the_metastore_is_away(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def run() -> None:
+        async with rig(stale_window=300, upstream_read_timeout=0.05) as r:
+            r.hms.add_table(DB, T)
+            s = SessionState("a")
+            first = await r.call(s, "get_table", 1, dbname=DB, tbl_name=T)
+            real = time.time
+            monkeypatch.setattr(time, "time", lambda: real() + 120)  # past its 60 s TTL
+            r.hms.script("get_table", HANG)  # the metastore stays silent past the timeout
+            again = await r.call(s, "get_table", 2, dbname=DB, tbl_name=T)
+            assert without_seqid(again) == without_seqid(first) and seqid_of(again) == 2
+            assert r.sample("hmsproxy_stale_replies_total", method="get_table") == 1
+            # A write the proxy saw makes the stale entry unservable: an error instead.
+            await r.call(s, "alter_table", 3, dbname=DB, tbl_name=T, new_tbl=table(DB, T, v="2"))
+            r.hms.script("get_table", HANG)
+            failed = await r.call(s, "get_table", 4, dbname=DB, tbl_name=T)
+            assert failed[3] == MessageType.EXCEPTION
 
     asyncio.run(run())
 
