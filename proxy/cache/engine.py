@@ -167,13 +167,16 @@ class CacheEngine:
 
     # -- the read-through ------------------------------------------------------------------
 
-    async def read(self, plan: ReadPlan | None, call: ReadCall) -> Served:
+    async def read(
+        self, spec: MethodSpec, call: ReadCall, identity: bytes | None, *, shared: bool = True
+    ) -> Served:
         """Answer a cacheable read: from the cache when it may, otherwise from the metastore
-        (filling the cache). ``plan`` ``None``: this call is not to be cached."""
+        (filling the cache). ``identity``: the caller's set_ugi arguments; ``shared``: whether
+        the caller's metastore connection is a shared one (a pinned connection has a
+        configuration of its own, so its replies are neither served from nor kept)."""
+        plan = self.plan_read(spec, call.message, identity) if shared else None
         if plan is None:
-            self.metrics.cache_lookups.labels(
-                method_label(call.message.header.name), "bypass"
-            ).inc()
+            self.metrics.cache_lookups.labels(method_label(spec.name), "bypass").inc()
             return Served(await call.forward(None, None), "upstream")
         if plan.partitions is not None:
             return await self.partitions.read(plan, call)

@@ -26,11 +26,9 @@ async def cached_read(
     client: ClientChannel,
     spec: MethodSpec,
 ) -> Served:
-    plan = None
-    if session.pinned is None:  # a connection with its own configuration is not shared
-        identity = session.identity.args if session.identity else None
-        plan = cache.plan_read(spec, message, identity)
-    return await cache.read(plan, _Read(forwarder, session, message, client))
+    identity = session.identity.args if session.identity else None
+    call = _Read(forwarder, session, message, client)
+    return await cache.read(spec, call, identity, shared=session.pinned is None)
 
 
 class _Read:

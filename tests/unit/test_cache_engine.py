@@ -192,7 +192,7 @@ def test_concurrent_misses_of_one_request_share_one_metastore_call() -> None:
         release = asyncio.Event()
         request = call("get_table", dbname="db", tbl_name="t")
         reads = [ScriptedRead(request, TABLE, release) for _ in range(5)]
-        tasks = [asyncio.create_task(e.read(GET_TABLE, r)) for r in reads]
+        tasks = [asyncio.create_task(e.whole.read(GET_TABLE, r)) for r in reads]
         await until(lambda: e.whole._flights, "the first miss is on its way to the metastore")
         for _ in range(20):
             await asyncio.sleep(0)  # the others look up and join it (or miss the flight)
@@ -205,10 +205,10 @@ def test_concurrent_misses_of_one_request_share_one_metastore_call() -> None:
         await e.invalidate(ALTER, "write")
         release.clear()
         after = [ScriptedRead(request, TABLE, release) for _ in range(2)]
-        first = asyncio.create_task(e.read(GET_TABLE, after[0]))
+        first = asyncio.create_task(e.whole.read(GET_TABLE, after[0]))
         await until(lambda: e.whole._flights, "the first read is in flight")
         await e.invalidate(ALTER, "write")
-        second = asyncio.create_task(e.read(GET_TABLE, after[1]))
+        second = asyncio.create_task(e.whole.read(GET_TABLE, after[1]))
         await until(lambda: after[1].upstream_calls, "the second read went to the metastore")
         release.set()
         await asyncio.gather(first, second)
@@ -223,9 +223,9 @@ def test_a_cancelled_waiter_leaves_the_flight_to_the_others() -> None:
         release = asyncio.Event()
         request = call("get_table", dbname="db", tbl_name="t")
         reads = [ScriptedRead(request, TABLE, release) for _ in range(3)]
-        leader = asyncio.create_task(e.read(GET_TABLE, reads[0]))
+        leader = asyncio.create_task(e.whole.read(GET_TABLE, reads[0]))
         await until(lambda: e.whole._flights, "the leader is on its way to the metastore")
-        waiters = [asyncio.create_task(e.read(GET_TABLE, r)) for r in reads[1:]]
+        waiters = [asyncio.create_task(e.whole.read(GET_TABLE, r)) for r in reads[1:]]
         for _ in range(20):
             await asyncio.sleep(0)  # both waiters join the flight
         waiters[0].cancel()  # its client went away, say
@@ -252,10 +252,10 @@ def test_waiters_of_a_leader_that_fails_or_is_cancelled_ask_the_metastore_themse
             release, later = asyncio.Event(), asyncio.Event()
             request = call("get_table", dbname="db", tbl_name="t")
             first = Failing(request, TABLE, release)
-            leader = asyncio.create_task(e.read(GET_TABLE, first))
+            leader = asyncio.create_task(e.whole.read(GET_TABLE, first))
             await until(lambda: e.whole._flights, "the leader is on its way")  # noqa: B023
             second = ScriptedRead(request, TABLE, later)
-            waiter = asyncio.create_task(e.read(GET_TABLE, second))
+            waiter = asyncio.create_task(e.whole.read(GET_TABLE, second))
             for _ in range(20):
                 await asyncio.sleep(0)
             if ending == "raises":
