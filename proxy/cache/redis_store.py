@@ -31,6 +31,18 @@ from redis.exceptions import TimeoutError as RedisTimeout
 
 from proxy.cache import locks, resp
 from proxy.cache.keys import COORDINATION, EPOCH, Bump
+from proxy.cache.redis_commands import (
+    FENCE_SUFFIX,
+    IF_LEADER,
+    LEASE,
+    RELEASE,
+    Op,
+    as_ops,
+    bump_commands,
+    fence_fields,
+    fence_key,
+    op,
+)
 from proxy.cache.redis_tls import refusal
 from proxy.cache.store import CacheUnavailable, Found, Versions, new_epoch, note_fences
 from proxy.metrics import Metrics
@@ -40,36 +52,8 @@ from proxy.urls import redact_url
 
 log = logging.getLogger(__name__)
 
-# One command for a pipeline: (method name, positional arguments, keyword arguments).
-Op = tuple[str, tuple[Any, ...], dict[str, Any]]
-
 # Seconds a background connection attempt may take (TLS and cluster discovery included).
 CONNECT_BUDGET = 5.0
-
-
-FENCE_SUFFIX = ":f"
-
-
-def fence_key(versions_key: str) -> str:
-    """The write and lock fences of a version hash: same hash tag, so same slot."""
-    return versions_key + FENCE_SUFFIX
-
-
-def _fields(flat: list[Any] | None) -> dict[str, float]:
-    """An HGETALL reply of a fence hash: field name -> deadline (unreadable ones: none)."""
-    out: dict[str, float] = {}
-    items = flat or []
-    for name, value in zip(items[::2], items[1::2], strict=False):
-        try:
-            key = name.decode() if isinstance(name, bytes) else str(name)
-            out[key] = float(value)
-        except (ValueError, UnicodeDecodeError):
-            continue
-    return out
-
-
-def op(name: str, *args: Any, **kwargs: Any) -> Op:
-    return name, args, kwargs
 
 
 TIMEOUTS_TO_OPEN = 3  # timeouts within a second, outnumbering successes, that open the breaker
@@ -327,7 +311,7 @@ class RedisStore:
             got[key] = dict(zip(names, results[i], strict=True))
             fences = results[len(order) + i]
             if fences:
-                note_fences(got[key], _fields(fences), now)
+                note_fences(got[key], fence_fields(fences), now)
         found: Found = dict(zip(entries, results[2 * len(order)] if entries else [], strict=True))
         return got, found
 
@@ -349,18 +333,10 @@ class RedisStore:
         await self._run("set", ops)
 
     def _bump_commands(self, bumps: Sequence[Bump]) -> list[resp.Command]:
-        commands: list[resp.Command] = []
-        for b in bumps:
-            if b.field == EPOCH:
-                commands.append(("HSET", b.key, EPOCH, new_epoch()))
-            else:
-                commands.append(("HINCRBY", b.key, b.field, 1))
-            commands.append(("EXPIRE", b.key, self.version_ttl))
-        return commands
+        return bump_commands(bumps, self.version_ttl)
 
     def _bump_ops(self, bumps: Sequence[Bump]) -> list[Op]:
-        """The bumps as redis-py pipeline calls (the same commands)."""
-        return [op(str(name).lower(), *args) for name, *args in self._bump_commands(bumps)]
+        return as_ops(self._bump_commands(bumps))
 
     def _fence_life_ms(self, seconds: float) -> int:
         return int(max(self.fence_ttl, seconds) * 1000) + 1000
@@ -376,26 +352,15 @@ class RedisStore:
 
     async def lease(self, key: str, token: str, ttl: float) -> bool:
         ms = max(1, int(ttl * 1000))
-        script = (
-            "local v = redis.call('GET', KEYS[1]) "
-            "if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end "
-            "if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end "
-            "return 0"
-        )
-        result = await self._run("version", [op("eval", script, 1, key, token, ms)])
+        result = await self._run("version", [op("eval", LEASE, 1, key, token, ms)])
         return bool(result[0])
 
     async def set_if_leader(self, key: str, value: bytes, lease_key: str, token: str) -> bool:
-        script = (
-            "if redis.call('GET', KEYS[2]) == ARGV[2] then "
-            "redis.call('SET', KEYS[1], ARGV[1]) return 1 end return 0"
-        )
-        result = await self._run("set", [op("eval", script, 2, key, lease_key, value, token)])
+        result = await self._run("set", [op("eval", IF_LEADER, 2, key, lease_key, value, token)])
         return bool(result[0])
 
     async def release(self, key: str, token: str) -> None:
-        script = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end"
-        await self._run("delete", [op("eval", script, 1, key, token)])
+        await self._run("delete", [op("eval", RELEASE, 1, key, token)])
 
     async def fence(
         self, keys: Sequence[str], intent: str, seconds: float, bumps: Sequence[Bump]
@@ -456,7 +421,7 @@ class RedisStore:
         results = await self._run("get", [op("hgetall", fence_key(k)) for k in keys])
         out: dict[str, dict[str, float]] = {}
         for key, found in zip(keys, results, strict=True):
-            fields = _fields([x for pair in (found or {}).items() for x in pair])
+            fields = fence_fields([x for pair in (found or {}).items() for x in pair])
             if fields:
                 out[key] = fields
         return out
