@@ -275,10 +275,9 @@ def main() -> int:
         ok = True
     except (Exception, KeyboardInterrupt) as exc:
         what = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(
-            f"demo failed while {doing}: {what} -- logs kept in {work} (hms/hms.log, proxy-*.log)",
-            file=sys.stderr,
-        )
+        logs = sorted(str(p.relative_to(work)) for p in work.rglob("*.log"))
+        where = f" ({', '.join(logs)})" if logs else " (no log was written yet)"
+        print(f"demo failed while {doing}: {what} -- logs kept in {work}{where}", file=sys.stderr)
     finally:
         if ok and args.keep_running and proxy is not None:
             try_it(work, hms, redis, proxy)

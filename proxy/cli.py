@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -74,9 +75,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     from proxy.admin import cli as admin_cli
     from proxy.listing import cli as listing_cli
 
-    if args.command in listing_cli.COMMANDS:
-        return listing_cli.run(args)
-    return admin_cli.run(args)
+    try:
+        if args.command in listing_cli.COMMANDS:
+            return listing_cli.run(args)
+        return admin_cli.run(args)
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, as other command-line tools do, and
+        # keep Python from reporting the same error again when it flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -26,7 +26,8 @@ quiet_pip() { grep -v -e "^WARNING: Location '.*' is ignored" -e "^$" || true; }
 python=${PYTHON:-python3}
 step="checking system packages"
 packages=()
-command -v java >/dev/null 2>&1 || packages+=(openjdk-17-jre-headless)
+# The JDK, not only the runtime: the rig compiles small helpers against Hive's jars (javac).
+{ command -v java && command -v javac; } >/dev/null 2>&1 || packages+=(openjdk-17-jdk-headless)
 command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)
 command -v gcc >/dev/null 2>&1 || packages+=(gcc)
 include=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')

@@ -173,3 +173,31 @@ def test_an_unreadable_config_file_is_its_only_problem(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load({}, {}, tmp_path / "missing.toml")
     assert len(err.value.problems) == 1
+
+
+def test_a_command_piped_into_a_reader_that_stops_ends_quietly() -> None:
+    """``hms-cache-proxy ls ... | head -1``: no BrokenPipeError traceback, status 141."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from proxy import cli\n"
+        "from proxy.listing import cli as listing\n"
+        "def run(args):\n"
+        "    for i in range(1_000_000):\n"
+        "        print('a listing line', i)\n"
+        "    return 0\n"
+        "listing.run = run\n"
+        "sys.exit(cli.main(['ls', 'db.t', '--partition', 'ds=1']))\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"a listing line")
+    proc.stdout.close()  # the reader stops, as head does
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert proc.wait(60) == 141, err
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err
