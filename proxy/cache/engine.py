@@ -105,6 +105,7 @@ class CacheEngine:
             self.dictionaries,
             self.l1,
             pending=self.invalidations,
+            # Asked through the engine: app.py sets the policy after the engine is built.
             serve_iceberg=lambda: self.serve_iceberg(),
             max_entry_bytes=max_entry_bytes,
             stale_window=stale_window,

@@ -132,6 +132,7 @@ class PartitionReads:
         now = time.time()
         for values, ekey, version_field in zip(pp.values, entry_keys, pp.fields, strict=True):
             entry = fronts.get(ekey)
+            from_store = entry is None
             if entry is None:
                 value = found.get(ekey)
                 if value is None:
@@ -140,13 +141,12 @@ class PartitionReads:
                     entry = codec.decode(value, self.dictionaries.get(codec.dictionary_id(value)))
                 except codec.EntryError:
                     continue
-                current_entry, payload = judge_partition(entry, current, version_field, now)
-                if current_entry and l1 is not None:
-                    l1.put(ekey, entry, entry.ttl)
-            else:
-                current_entry, payload = judge_partition(entry, current, version_field, now)
-            if current_entry:
-                out.known[values] = payload
+            current_entry, payload = judge_partition(entry, current, version_field, now)
+            if not current_entry:
+                continue
+            out.known[values] = payload
+            if from_store and l1 is not None:
+                l1.put(ekey, entry, entry.ttl)
         if len(out.known) == len(pp.values):
             out.result = Result.HIT
         return out

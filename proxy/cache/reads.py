@@ -29,7 +29,7 @@ from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.keys import EPOCH, TableRef
 from proxy.cache.l1 import L1
 from proxy.cache.plan import ReadPlan
-from proxy.cache.store import CacheUnavailable, Store
+from proxy.cache.store import CacheUnavailable, Found, Store
 from proxy.metrics import Metrics, method_label
 from proxy.wire.framing import Message
 
@@ -159,16 +159,10 @@ class WholeReads:
             )
         except CacheUnavailable:
             return BYPASS
-        entry = front
-        value = found.get(plan.key)
-        if entry is None and value is not None:
-            try:
-                entry = codec.decode(value, await self.dictionaries.for_value(value, plan.tag))
-            except codec.EntryError:
-                entry = None
-        verdict = judge(
-            plan.refs, versions, entry, now=time.time(), serve_iceberg=self.serve_iceberg()
-        )
+        entry = front if front is not None else await self._decoded(found, plan)
+        # The Iceberg policy is asked only about Iceberg entries: not on every hit.
+        allowed = entry is None or not entry.iceberg or self.serve_iceberg()
+        verdict = judge(plan.refs, versions, entry, now=time.time(), serve_iceberg=allowed)
         if verdict.hit and front is None and entry is not None and self.l1 is not None:
             self.l1.put(plan.key, entry, entry.ttl)
         return verdict
@@ -179,14 +173,19 @@ class WholeReads:
             versions, found = await self.store.lookup(group(plan.refs), [plan.key])
         except CacheUnavailable:
             return None
+        entry = await self._decoded(found, plan)
+        return judge_stale(plan.refs, versions, entry, now=time.time(), window=self.stale_window)
+
+    async def _decoded(self, found: Found, plan: ReadPlan) -> codec.Entry | None:
+        """The plan's entry among what the store found, decoded (``None``: none, or
+        unreadable)."""
         value = found.get(plan.key)
         if value is None:
             return None
         try:
-            entry = codec.decode(value, await self.dictionaries.for_value(value, plan.tag))
+            return codec.decode(value, await self.dictionaries.for_value(value, plan.tag))
         except codec.EntryError:
             return None
-        return judge_stale(plan.refs, versions, entry, now=time.time(), window=self.stale_window)
 
     async def fill_fingerprint(self, plan: ReadPlan, miss: Verdict) -> bytes | None:
         """The fingerprint a fill for ``miss`` must carry; makes missing epochs first."""

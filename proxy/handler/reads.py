@@ -14,7 +14,7 @@ from proxy.catalog import MethodSpec
 from proxy.handler.forward import Forwarder
 from proxy.handler.session import SessionState
 from proxy.upstream import ClientChannel, result_outcome
-from proxy.wire.binary import MessageHeader, MessageType, parse_header, with_seqid
+from proxy.wire.binary import MessageHeader, parse_header, with_seqid
 from proxy.wire.framing import Message
 
 
@@ -50,18 +50,18 @@ class _Read:
 
     async def serve(self, cached: bytes) -> str:
         """A cached reply, with the caller's seqid, without copying its body."""
-        at = _body_at(cached)
-        head = cached[:at]
+        header = _header_of(cached)
+        at = header.length
         seqid = self.message.header.seqid
         await self.client.send_message(
-            with_seqid(head, _header_of(head), seqid), memoryview(cached)[at:]
+            with_seqid(cached[:at], header, seqid), memoryview(cached)[at:]
         )
-        return result_outcome(MessageType.REPLY, cached[at : at + 3])
+        return result_outcome(header.type, cached[at : at + 3])
 
     async def send(self, reply: bytes) -> str:
         await self.client.send(self.client.transport.frame(reply))
-        at = _body_at(reply)
-        return result_outcome(_header_of(reply[:at]).type, reply[at : at + 3])
+        header = _header_of(reply)
+        return result_outcome(header.type, reply[header.length : header.length + 3])
 
     async def forward(self, keep: Keep | None, fallback: Fallback | None) -> str:
         return await self.forwarder.forward(
@@ -74,12 +74,8 @@ class _Read:
         )
 
 
-def _header_of(head: bytes) -> MessageHeader:
-    header = parse_header(head, 0, len(head))
+def _header_of(reply: bytes) -> MessageHeader:
+    """The header of a whole reply message the proxy holds (parsing reads only its bytes)."""
+    header = parse_header(reply, 0, len(reply))
     assert header is not None
     return header
-
-
-def _body_at(reply: bytes) -> int:
-    name_length = int.from_bytes(reply[4:8], "big")
-    return 12 + name_length

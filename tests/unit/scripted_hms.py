@@ -447,11 +447,12 @@ class ScriptedHMS:
         return idl.result_class("get_partitions_by_names")(success=found)
 
 
-async def until(check: Callable[[], object], turns: int = 10_000) -> None:
+async def until(check: Callable[[], object], what: str = "condition", turns: int = 10_000) -> None:
     """Let the event loop run until ``check()`` holds: at most ``turns`` turns (each one
-    polls the sockets), so a condition that never holds fails the test instead of hanging."""
+    polls the sockets), so a condition that never holds fails the test, naming ``what`` it
+    waited for, instead of hanging."""
     for _ in range(turns):
         if check():
             return
         await asyncio.sleep(0)
-    raise AssertionError(f"condition never held in {turns} event-loop turns")
+    raise AssertionError(f"{what}: never so in {turns} event-loop turns")

@@ -14,6 +14,7 @@ from proxy.cache.store import CacheUnavailable, MemoryStore
 from proxy.metrics import Metrics
 from proxy.wire.binary import MessageType, encode_header, parse_header
 from proxy.wire.framing import Message
+from tests.unit.scripted_hms import until
 from tests.unit.test_cache_core import PLANNER, read_plan, write_plan
 
 M = idl.module()
@@ -175,15 +176,6 @@ def call(method: str, **args: Any) -> Message:
     header = parse_header(data, 0, len(data))
     assert header is not None
     return Message(header, data)
-
-
-async def until(condition: Any, what: str) -> None:
-    """Let other tasks run until ``condition()`` holds (a bounded number of turns)."""
-    for _ in range(10_000):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"never happened: {what}")
 
 
 def test_concurrent_misses_of_one_request_share_one_metastore_call() -> None:
