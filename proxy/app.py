@@ -15,6 +15,7 @@ from pathlib import Path
 
 from proxy.admin.server import DEGRADED, DOWN, OK, AdminServer
 from proxy.admin.service import AdminService
+from proxy.auth import Kerberos
 from proxy.cache.engine import CacheEngine
 from proxy.cache.keys import Naming
 from proxy.cache.plan import Planner, Ttls
@@ -60,6 +61,8 @@ class Proxy:
     cache: CacheEngine | None
     follower: NotificationFollower | None
     admin: AdminServer | None = None
+    kerberos: Kerberos | None = None
+    _login_task: asyncio.Task[None] | None = None
 
     @classmethod
     def build(cls, options: Options, metrics: Metrics | None = None) -> Proxy:
@@ -67,7 +70,10 @@ class Proxy:
         activity = Activity(
             show_names=options.status_show_names == "on", secret=status_secret(options)
         )
-        pool = UpstreamPool(options, metrics)
+        kerberos = Kerberos.build(options, metrics)
+        pool = UpstreamPool(options, metrics, auth=kerberos.upstream if kerberos else None)
+        if kerberos is not None:
+            kerberos.attach(pool, options, metrics)
         cache = build_cache(options, metrics, activity) if options.cache == "on" else None
         handler = CallHandler(
             pool,
@@ -91,13 +97,14 @@ class Proxy:
             options,
             metrics,
             pool,
-            ThriftServer(options, handler, metrics),
+            ThriftServer(options, handler, metrics, kerberos.acceptor if kerberos else None),
             MetricsServer(options.metrics_listen, metrics, status_page),
             cache,
             follower,
         )
         service = AdminService(handler, cache, metrics, follower)
         listing = ListingService(options, service.calls, cache, metrics)
+        proxy.kerberos = kerberos
         proxy.admin = AdminServer(options, service, proxy.readiness_checks, listing)
         admin = proxy.admin
         proxy.http.readiness = lambda: (admin.ready, admin.last_checks)
@@ -112,6 +119,8 @@ class Proxy:
             "listening": OK if self.thrift.listening else DOWN,
             "metastore": OK if metastore else DOWN,
         }
+        if self.kerberos is not None:
+            checks["kerberos"] = OK if self.kerberos.login.valid() else DOWN
         if self.cache is not None and self.options.redis:
             redis_ok = await self.cache.store.ping()
             self.metrics.cache_available.set(1 if redis_ok else 0)
@@ -120,6 +129,9 @@ class Proxy:
         return checks
 
     async def start(self) -> None:
+        if self.kerberos is not None:
+            await self.kerberos.start(self.metrics)
+            self._login_task = asyncio.create_task(self.kerberos.keep_logged_in(self.metrics))
         await self.http.start()
         if self.cache is not None and not await self.cache.store.connect(wait=3.0):
             log.warning("cache: Redis not reachable yet; serving from the metastore meanwhile")
@@ -147,6 +159,8 @@ class Proxy:
     async def stop(self) -> None:
         if self.admin is not None:
             await self.admin.not_ready()
+        if self._login_task is not None:
+            self._login_task.cancel()
         if self.follower is not None:
             await self.follower.stop()
         await self.thrift.stop(self.options.drain_timeout)
@@ -219,9 +233,7 @@ def build_cache(
         )
     else:
         store = MemoryStore(options.memory_cache_bytes)
-    planner = Planner(
-        Naming(options.redis_key_prefix), ttls, per_user=options.cache_scope == "user"
-    )
+    planner = Planner(Naming(options.redis_key_prefix), ttls, per_user=options.per_user_cache)
     return CacheEngine(
         store,
         planner,

@@ -106,9 +106,11 @@ def _serve(args: argparse.Namespace) -> int:
         level=options.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from proxy.sasl.layer import SaslError
+
     try:
         return asyncio.run(_run(options))
-    except OSError as exc:  # a port in use, typically
+    except (OSError, SaslError) as exc:  # a port in use, typically; or a bad keytab
         print(f"hms-cache-proxy: cannot start: {exc}", file=sys.stderr)
         return 1
 

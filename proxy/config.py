@@ -118,6 +118,32 @@ def parse_optional_path(text: Any) -> str | None:
     return text or None
 
 
+def parse_optional_principal(text: Any) -> str | None:
+    text = str(text).strip()
+    if text and (text.count("@") > 1 or text.startswith(("@", "/"))):
+        raise ValueError(f"expected service/host@REALM, got {text!r}")
+    return text or None
+
+
+def parse_names(text: Any) -> tuple[str, ...]:
+    items = text if isinstance(text, list) else str(text).split(",")
+    return tuple(str(i).strip() for i in items if str(i).strip())
+
+
+def parse_qops(text: Any) -> tuple[str, ...]:
+    names = {"authentication": "auth", "integrity": "auth-int", "privacy": "auth-conf"}
+    qops = []
+    for name in parse_names(text):
+        qop = names.get(name.lower(), name.lower())
+        if qop not in names.values():
+            raise ValueError(f"expected authentication, integrity or privacy, got {name!r}")
+        if qop not in qops:
+            qops.append(qop)
+    if not qops:
+        raise ValueError("name at least one of authentication, integrity, privacy")
+    return tuple(qops)
+
+
 def parse_optional_marker(text: Any) -> str | None:
     text = str(text).strip()
     if text and "=" not in text:
@@ -155,6 +181,46 @@ def tls_problems(options: Options) -> list[str]:
     if upstream_files and options.upstream_tls != "on":
         problems.append("upstream_tls_ca/cert: set upstream_tls on to use them")
     return problems
+
+
+def kerberos_problems(options: Options) -> list[str]:
+    """What SASL on either side needs, said before anything starts."""
+    problems = []
+    client = options.client_auth == "kerberos"
+    upstream = options.upstream_auth == "kerberos"
+    if (client or upstream) and not (options.kerberos_principal and options.kerberos_keytab):
+        side = "client_auth" if client else "upstream_auth"
+        problems.append(f"{side} kerberos: needs kerberos_principal and kerberos_keytab")
+    if options.kerberos_keytab and not os.access(options.kerberos_keytab, os.R_OK):
+        problems.append(f"kerberos_keytab: cannot read {options.kerberos_keytab}")
+    if upstream and not options.upstream_principal:
+        problems.append(
+            "upstream_auth kerberos: needs upstream_principal (the HMS's "
+            "hive.metastore.kerberos.principal, e.g. hive/_HOST@REALM)"
+        )
+    if upstream and not client and options.upstream_identity == "end-user":
+        problems.append(
+            "upstream_identity end-user: needs client_auth kerberos (the proxy runs calls as "
+            "users it has authenticated); or set upstream_identity proxy"
+        )
+    if client and options.client_transport is Transport.FRAMED:
+        problems.append("client_auth kerberos: SASL has its own frames; client_transport buffered")
+    if upstream and options.upstream_transport is Transport.FRAMED:
+        problems.append(
+            "upstream_auth kerberos: SASL has its own frames; upstream_transport buffered"
+        )
+    if (client or upstream) and not _have_gssapi():
+        problems.append(
+            "client_auth/upstream_auth kerberos: needs the gssapi package "
+            "(pip install 'hms-cache-proxy[kerberos]'; it builds against MIT krb5, libkrb5-dev)"
+        )
+    return problems
+
+
+def _have_gssapi() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("gssapi") is not None
 
 
 WILDCARDS = ("0.0.0.0", "::", "")
@@ -378,6 +444,61 @@ class Options:
     upstream_tls_key: str | None = _opt(
         None, parse_optional_path, "PEM private key of --upstream-tls-cert", metavar="PATH"
     )
+    client_auth: str = _opt(
+        "none",
+        choice("none", "kerberos"),
+        "kerberos: engines authenticate with SASL GSSAPI (hive.metastore.sasl.enabled) as "
+        "to a Kerberized metastore, or DIGEST-MD5 with a metastore delegation token",
+        metavar="none|kerberos",
+    )
+    kerberos_principal: str | None = _opt(
+        None,
+        parse_optional_principal,
+        "the proxy's own principal (service/host@REALM; _HOST is this host's name): engines "
+        "name it as hive.metastore.kerberos.principal, and the proxy logs in as it upstream",
+        metavar="PRINCIPAL",
+    )
+    kerberos_keytab: str | None = _opt(
+        None, parse_optional_path, "keytab holding --kerberos-principal's keys", metavar="PATH"
+    )
+    kerberos_local_realms: tuple[str, ...] = _opt(
+        (),
+        parse_names,
+        "realms whose principals map to a short user name (Hadoop's default auth_to_local "
+        "rule: alice@REALM and alice/host@REALM are alice); default: the realm of "
+        "--kerberos-principal; others are refused",
+        metavar="REALM,...",
+    )
+    upstream_auth: str = _opt(
+        "none",
+        choice("none", "kerberos"),
+        "kerberos: SASL to a Kerberized metastore (hive.metastore.sasl.enabled on the HMS), "
+        "logged in from --kerberos-keytab",
+        metavar="none|kerberos",
+    )
+    upstream_principal: str | None = _opt(
+        None,
+        parse_optional_principal,
+        "the metastore's principal, as engines write hive.metastore.kerberos.principal "
+        "(_HOST is the metastore's host in --upstream)",
+        metavar="PRINCIPAL",
+    )
+    upstream_identity: str = _opt(
+        "end-user",
+        choice("end-user", "proxy"),
+        "end-user: every call runs at the metastore as the engine's authenticated user "
+        "(a delegation token per user; the HMS must grant the proxy hadoop.proxyuser rights); "
+        "proxy: every call runs as --kerberos-principal",
+        metavar="end-user|proxy",
+    )
+    sasl_qop: tuple[str, ...] = _opt(
+        ("auth",),
+        parse_qops,
+        "SASL protection, as hadoop.rpc.protection: authentication, integrity, privacy (a "
+        "comma list); engines may choose any listed; towards the metastore, the weakest it "
+        "offers that is at least the weakest listed",
+        metavar="LIST",
+    )
     drain_timeout: float = _opt(
         20.0,
         parse_seconds,
@@ -391,11 +512,13 @@ class Options:
         metavar="on|off",
     )
     cache_scope: str = _opt(
-        "shared",
-        choice("shared", "user"),
-        "shared: one cache for everyone; user: entries are per set_ugi user and groups, so no "
-        "user is ever served a reply fetched for another",
-        metavar="shared|user",
+        "auto",
+        choice("auto", "shared", "user"),
+        "user: entries are per user (the authenticated one with --client-auth kerberos, else "
+        "set_ugi's user and groups), so no user is ever served a reply fetched for another; "
+        "shared: one cache for everyone, which bypasses the metastore's read authorisation "
+        "for cached replies; auto: user with --client-auth kerberos, else shared",
+        metavar="auto|shared|user",
     )
     memory_cache_bytes: int = _opt(
         256 << 20,
@@ -604,6 +727,13 @@ class Options:
         "info", choice("debug", "info", "warning", "error"), "log level", metavar="LEVEL"
     )
 
+    @property
+    def per_user_cache(self) -> bool:
+        """Whether cache entries are kept per user (``cache_scope``, ``auto`` resolved)."""
+        if self.cache_scope == "auto":
+            return self.client_auth == "kerberos"
+        return self.cache_scope == "user"
+
     def printable(self) -> dict[str, Any]:
         """The effective configuration as TOML-ready values, secrets redacted."""
         out: dict[str, Any] = {}
@@ -701,6 +831,7 @@ def load(
         except OSError as exc:
             problems.append(f"admin_token_file: {exc}")
     problems += tls_problems(options)
+    problems += kerberos_problems(options)
     if options.redis:
         # Here, not in the option's parser: with redis_mode cluster, redis-py's cluster client
         # takes fewer TLS settings. Imported here so that only a proxy with Redis loads it.

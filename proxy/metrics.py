@@ -51,6 +51,9 @@ INVALIDATION_REASONS = ("write", "notification", "admin", "ttl")
 LISTING_RESULTS = ("hit", "miss", "open")
 LISTING_SOURCES = ("cache", "storage")
 LOCK_FENCE_EVENTS = ("opened", "closed", "expired")
+AUTH_MECHANISMS = ("gssapi", "digest-md5", "other")
+AUTH_RESULTS = ("ok", "failed", "unsupported", "protocol", "timeout")
+TOKEN_EVENTS = ("fetched", "renewed", "fetch_failed", "renew_failed", "refused")
 CLIENT_ERRORS = ("protocol", "too_large", "timeout", "idle", "bad_message_type", "connection_limit")
 
 
@@ -338,6 +341,38 @@ class Metrics:
             "Listings not cached because their partition changed while they were being made",
             registry=r,
         )
+        self.client_auth = _Children(
+            Counter(
+                "hmsproxy_client_auth",
+                "SASL negotiations with engines, by mechanism and result (failed: bad or "
+                "expired ticket, wrong service, no common protection, a refused token; "
+                "protocol: not SASL, e.g. a plain Thrift client on a SASL port)",
+                ["mechanism", "result"],
+                registry=r,
+            )
+        )
+        self.upstream_auth = _Children(
+            Counter(
+                "hmsproxy_upstream_auth",
+                "SASL negotiations with the metastore, by mechanism and result",
+                ["mechanism", "result"],
+                registry=r,
+            )
+        )
+        self.kerberos_tokens = _Children(
+            Counter(
+                "hmsproxy_kerberos_tokens",
+                "Delegation tokens the proxy holds for its users: fetched, renewed, failures, "
+                "and refused (the metastore no longer knew one: fetched again)",
+                ["event"],
+                registry=r,
+            )
+        )
+        self.kerberos_login_expiry = Gauge(
+            "hmsproxy_kerberos_login_expiry_timestamp_seconds",
+            "When the proxy's keytab login (its TGT) expires; it logs in again before",
+            registry=r,
+        )
         self.build_info = Gauge(
             "hmsproxy_build_info",
             "Always 1; labels carry the version",
@@ -369,4 +404,10 @@ class Metrics:
         for source in LISTING_SOURCES:
             self.listing_files.labels(source)
             self.listing_duration.labels(source)
+        for mechanism in AUTH_MECHANISMS:
+            for result in AUTH_RESULTS:
+                self.client_auth.labels(mechanism, result)
+                self.upstream_auth.labels(mechanism, result)
+        for event in TOKEN_EVENTS:
+            self.kerberos_tokens.labels(event)
         # notification_events' series are started by the follower, which knows the kinds.

@@ -17,7 +17,11 @@ import socket
 
 from proxy.config import Options
 from proxy.handler import CallHandler, ClientGone, SessionState
-from proxy.metrics import Metrics
+from proxy.handler.identity import authenticated_identity
+from proxy.metrics import AUTH_MECHANISMS, Metrics
+from proxy.sasl.layer import SaslError
+from proxy.sasl.server import Authenticated, Refused, SaslAcceptor
+from proxy.sasl.stream import ByteReader, ByteWriter
 from proxy.tls import server_context
 from proxy.wire.binary import (
     AppErrorType,
@@ -38,7 +42,7 @@ SMALL_MESSAGE = 64 * 1024
 class ClientConnection:
     """The client side of a session: framing-aware writes with backpressure."""
 
-    def __init__(self, writer: asyncio.StreamWriter, transport: Transport) -> None:
+    def __init__(self, writer: ByteWriter, transport: Transport) -> None:
         self.writer = writer
         self.transport = transport
 
@@ -65,10 +69,17 @@ class ClientConnection:
 
 
 class ThriftServer:
-    def __init__(self, options: Options, handler: CallHandler, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        options: Options,
+        handler: CallHandler,
+        metrics: Metrics,
+        acceptor: SaslAcceptor | None = None,
+    ) -> None:
         self.options = options
         self.handler = handler
         self.metrics = metrics
+        self.acceptor = acceptor  # SASL (--client-auth kerberos): who each engine is
         self._server: asyncio.Server | None = None
         self._sessions: dict[asyncio.Task[None], _Session] = {}
         self.stopping = False
@@ -114,7 +125,12 @@ class ThriftServer:
         if limit and len(self._sessions) >= limit:
             await self._refuse(reader, writer, limit)
             return
-        session = _Session(self, reader, writer)
+        authenticated = None
+        if self.acceptor is not None:
+            authenticated = await self._authenticate(reader, writer)
+            if authenticated is None:
+                return
+        session = _Session(self, reader, writer, authenticated)
         task = asyncio.current_task()
         assert task is not None
         self._sessions[task] = session
@@ -124,6 +140,46 @@ class ThriftServer:
         finally:
             del self._sessions[task]
             self.metrics.client_connections.dec()
+
+    async def _authenticate(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> Authenticated | None:
+        """The engine's SASL negotiation; on failure one log line, a metric, and the
+        connection closed (the engine was told why, as the HMS tells it)."""
+        assert self.acceptor is not None
+        peer = _peer_name(writer)
+
+        def broken_frame(exc: SaslError) -> None:
+            self.metrics.client_errors.labels("protocol").inc()
+            log.warning("%s: closing connection: %s", peer, exc)
+
+        try:
+            authenticated = await self.acceptor.accept(
+                reader, writer, self.options.client_message_timeout, broken_frame
+            )
+        except Refused as exc:
+            mechanism = exc.mechanism.lower()
+            label = mechanism if mechanism in AUTH_MECHANISMS else "other"
+            self.metrics.client_auth.labels(label, exc.reason).inc()
+            log.warning("%s: closing connection: SASL %s refused: %s", peer, exc.mechanism, exc)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            return None
+        except (ConnectionError, OSError) as exc:
+            log.debug("%s: connection ended during SASL negotiation: %s", peer, exc)
+            writer.close()
+            return None
+        self.metrics.client_auth.labels(authenticated.mechanism.lower(), "ok").inc()
+        log.debug(
+            "%s: authenticated %s as %s (%s, %s)",
+            peer,
+            authenticated.principal,
+            authenticated.user,
+            authenticated.mechanism,
+            authenticated.qop,
+        )
+        return authenticated
 
     async def _refuse(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limit: int
@@ -188,17 +244,33 @@ class ThriftServer:
             await self._server.wait_closed()
 
 
+def _peer_name(writer: ByteWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if peer else "?"
+
+
 class _Session:
     def __init__(
-        self, server: ThriftServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        server: ThriftServer,
+        reader: ByteReader,
+        writer: ByteWriter,
+        authenticated: Authenticated | None = None,
     ) -> None:
         self.server = server
         self.options = server.options
-        self.reader = reader
-        self.writer = writer
-        peer = writer.get_extra_info("peername")
-        self.state = SessionState(peer=f"{peer[0]}:{peer[1]}" if peer else "?")
-        self.client = ClientConnection(writer, self.options.client_transport)
+        self.reader: ByteReader = reader
+        self.writer: ByteWriter = writer
+        self.state = SessionState(peer=_peer_name(writer))
+        if authenticated is not None:
+            self.reader, self.writer = authenticated.reader, authenticated.writer
+            self.state.user = authenticated.user
+            self.state.identity = authenticated_identity(
+                authenticated.user,
+                end_user=self.options.upstream_identity == "end-user",
+                upstream_sasl=self.options.upstream_auth == "kerberos",
+            )
+        self.client = ClientConnection(self.writer, self.options.client_transport)
         self.requests = MessageReader(self.options.client_transport, self.options.max_request_bytes)
         self.busy = False
         self._message_deadline = 0.0  # when the request being received must be complete

@@ -4,6 +4,7 @@ for which the client keeps a connection of its own (see :mod:`proxy.upstream.poo
 
 from __future__ import annotations
 
+from proxy import idl
 from proxy.handler.forward import Forwarder, upstream_request
 from proxy.handler.session import SessionState
 from proxy.upstream import (
@@ -19,6 +20,17 @@ from proxy.wire.binary import with_seqid
 from proxy.wire.framing import Message
 
 
+def authenticated_identity(user: str, *, end_user: bool, upstream_sasl: bool) -> Identity | None:
+    """Who an authenticated engine's calls run as at the metastore: the user (by their
+    delegation token on a Kerberized metastore, by set_ugi on a plain one), or the proxy."""
+    if not end_user:
+        return None
+    if upstream_sasl:
+        return Identity(user=user)
+    args = idl.encode(idl.args_class("set_ugi")(user_name=user, group_names=[]))
+    return Identity(args, user=user)
+
+
 class Identities:
     def __init__(self, pool: UpstreamPool, forwarder: Forwarder) -> None:
         self.pool = pool
@@ -26,6 +38,10 @@ class Identities:
 
     async def set_ugi(self, session: SessionState, message: Message, client: ClientChannel) -> str:
         """``set_ugi``: answer from a bound connection's reply, or bind a connection now."""
+        if session.user is not None:
+            # The engine authenticated: set_ugi cannot change who its calls run as (a
+            # Kerberized HMS ignores it too). It goes to the metastore as the user, unbound.
+            return await self.forwarder.forward(session, message, client)
         identity = Identity(message.body)
         seqid = message.header.seqid
         if session.identity is None and session.pinned is None:

@@ -26,9 +26,8 @@ async def cached_read(
     client: ClientChannel,
     spec: MethodSpec,
 ) -> Served:
-    identity = session.identity.args if session.identity else None
     call = _Read(forwarder, session, message, client)
-    return await cache.read(spec, call, identity, shared=session.pinned is None)
+    return await cache.read(spec, call, session.cache_identity, shared=session.pinned is None)
 
 
 class _Read:

@@ -17,9 +17,18 @@ class SessionState:
     """What the proxy remembers about one client connection."""
 
     peer: str
-    identity: Identity | None = None  # what its set_ugi said, if it called it
+    identity: Identity | None = None  # who its metastore connections run as (set_ugi, SASL)
     pinned: UpstreamConnection | None = None  # its own metastore connection (setMetaConf)
     calls: int = 0
+    user: str | None = None  # the user it authenticated as (SASL), if it did
+
+    @property
+    def cache_identity(self) -> bytes | None:
+        """Whose entries it reads when the cache is per user: its authenticated user, or
+        what its set_ugi said."""
+        if self.user is not None:
+            return b"sasl:" + self.user.encode()
+        return self.identity.args if self.identity is not None else None
 
     def lost_pin(self) -> bool:
         """Whether the client's own connection was closed (after a failed exchange): it is

@@ -48,7 +48,11 @@ class Layers(IntFlag):
 
 
 _ORDER = [Qop.AUTH, Qop.AUTH_INT, Qop.AUTH_CONF]
-_BITS = {Qop.AUTH: Layers.NONE, Qop.AUTH_INT: Layers.INTEGRITY, Qop.AUTH_CONF: Layers.CONFIDENTIALITY}
+_BITS = {
+    Qop.AUTH: Layers.NONE,
+    Qop.AUTH_INT: Layers.INTEGRITY,
+    Qop.AUTH_CONF: Layers.CONFIDENTIALITY,
+}
 _HADOOP = {"authentication": Qop.AUTH, "integrity": Qop.AUTH_INT, "privacy": Qop.AUTH_CONF}
 
 

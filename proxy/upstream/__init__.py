@@ -3,6 +3,7 @@
 
 from proxy.upstream.connection import Identity, UpstreamConnection
 from proxy.upstream.errors import (
+    UpstreamAuthFailed,
     UpstreamClosed,
     UpstreamError,
     UpstreamProtocolError,
@@ -18,6 +19,7 @@ __all__ = [
     "Identity",
     "Opener",
     "Timeouts",
+    "UpstreamAuthFailed",
     "UpstreamClosed",
     "UpstreamConnection",
     "UpstreamError",

@@ -1,25 +1,36 @@
-"""One connection to the metastore, and the identity ``set_ugi`` bound to it."""
+"""One connection to the metastore, and the identity bound to it (by ``set_ugi`` or by its
+SASL negotiation)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 
 from proxy.config import Endpoint
+from proxy.sasl.stream import ByteReader, ByteWriter
 from proxy.wire.binary import MessageType, encode_header
 from proxy.wire.framing import MessageReader
 
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """What a client's ``set_ugi`` said, as the bytes of its arguments.
+    """Who a metastore connection runs calls as.
 
-    Keying by the exact bytes means "replay exactly what the client sent"; two clients that
-    encode the same user differently just get separate pools, which is harmless.
+    ``args``: what a client's ``set_ugi`` said, as the bytes of its arguments. Keying by the
+    exact bytes means "replay exactly what the client sent"; two clients that encode the same
+    user differently just get separate pools, which is harmless.
+
+    ``user``: an engine's user as the proxy authenticated it (Kerberos or a delegation
+    token). Against a Kerberized metastore the connection's own negotiation (a delegation
+    token of that user's) makes it run as the user; ``set_ugi`` cannot.
     """
 
-    args: bytes
+    args: bytes = b""
+    user: str | None = None
+
+    @property
+    def binds_by_set_ugi(self) -> bool:
+        return bool(self.args)
 
     def call(self) -> bytes:
         return encode_header("set_ugi", MessageType.CALL, 0) + self.args
@@ -28,8 +39,8 @@ class Identity:
 @dataclass(eq=False)
 class UpstreamConnection:
     endpoint: Endpoint
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
+    reader: ByteReader
+    writer: ByteWriter
     replies: MessageReader  # its transport and reply size limit are the connection's
     identity: Identity | None = None
     calls: int = 0

@@ -24,6 +24,17 @@ class UpstreamUnreachable(UpstreamUnavailable):
     """No metastore could be connected to (each failure is logged by the pool, once)."""
 
 
+class UpstreamAuthFailed(UpstreamUnavailable):
+    """The metastore refused the proxy's SASL negotiation (or the proxy could not log in).
+    ``retry``: a new connection may succeed (a delegation token the HMS forgot was dropped)."""
+
+    outcome = "auth_failed"
+
+    def __init__(self, message: str, *, retry: bool = False) -> None:
+        super().__init__(message)
+        self.retry = retry
+
+
 class UpstreamTimeout(UpstreamError):
     outcome = "timeout"
 

@@ -22,15 +22,18 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol
 
 from proxy import idl
 from proxy.config import Endpoint, Options
 from proxy.memo import BoundedMemo
 from proxy.metrics import Metrics
+from proxy.sasl.stream import ByteReader, ByteWriter
 from proxy.tasks import background
 from proxy.tls import upstream_context
 from proxy.upstream.connection import Identity, UpstreamConnection
 from proxy.upstream.errors import (
+    UpstreamAuthFailed,
     UpstreamError,
     UpstreamProtocolError,
     UpstreamUnavailable,
@@ -55,11 +58,40 @@ UGI_REPLY_BYTES = 4 << 20
 Opener = Callable[[Endpoint], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
+class UpstreamAuth(Protocol):
+    """How a new connection authenticates (SASL on a Kerberized metastore)."""
+
+    @property
+    def per_user(self) -> bool:
+        """Whether an identity's user is bound by the negotiation (a delegation token of
+        theirs): then no connection of another identity can become theirs by set_ugi."""
+
+    async def prepare(self, identity: Identity | None) -> None:
+        """What a connection for ``identity`` needs first (its token), before a slot is held."""
+
+    async def negotiate(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        endpoint: Endpoint,
+        identity: Identity | None,
+    ) -> tuple[ByteReader, ByteWriter]:
+        """The streams of an authenticated connection; raises UpstreamAuthFailed."""
+
+
 class UpstreamPool:
     """Connections to the metastore, reused across clients, kept apart by identity."""
 
-    def __init__(self, options: Options, metrics: Metrics, *, opener: Opener | None = None) -> None:
+    def __init__(
+        self,
+        options: Options,
+        metrics: Metrics,
+        *,
+        opener: Opener | None = None,
+        auth: UpstreamAuth | None = None,
+    ) -> None:
         self.options = options
+        self.auth = auth
         self.metrics = metrics
         self.timeouts = Timeouts(options.upstream_read_timeout)
         self._tls = upstream_context(options)
@@ -91,25 +123,44 @@ class UpstreamPool:
         idle connection and opens its own.
         """
         deadline = time.monotonic() + self.options.upstream_connect_timeout
+        if self.auth is not None:
+            await self.auth.prepare(identity)
         while True:
             if not fresh:
                 conn = self._take_idle(identity)
                 if conn is not None:
                     return conn
-                if identity is not None:
+                if self._can_bind(identity):
                     anonymous = self._take_idle(None)
                     if anonymous is not None:
-                        return await self._bind(anonymous, identity)
+                        return await self._bind(anonymous, identity)  # type: ignore[arg-type]
             if await self._reserve_slot(deadline, identity, fresh=fresh):
                 break
         try:
-            conn = await self._connect()
+            conn = await self._connect_authenticated(identity)
         except BaseException:
             await self._free_slot()
             raise
-        if identity is not None:
+        if identity is not None and identity.binds_by_set_ugi:
             return await self._bind(conn, identity)
+        conn.identity = identity
         return conn
+
+    async def _connect_authenticated(self, identity: Identity | None) -> UpstreamConnection:
+        try:
+            return await self._connect(identity)
+        except UpstreamAuthFailed as exc:
+            if not exc.retry or self.auth is None:
+                raise
+            log.info("metastore refused a connection (%s); trying once more", exc)
+            await self.auth.prepare(identity)  # e.g. a new delegation token
+            return await self._connect(identity)
+
+    def _can_bind(self, identity: Identity | None) -> bool:
+        """Whether an anonymous connection can become ``identity``'s by ``set_ugi``."""
+        if identity is None or not identity.binds_by_set_ugi:
+            return False
+        return not (identity.user and self.auth is not None and self.auth.per_user)
 
     @contextlib.asynccontextmanager
     async def connection(
@@ -248,7 +299,7 @@ class UpstreamPool:
     def _usable_idle(self, identity: Identity | None) -> bool:
         """Whether an idle connection that ``identity`` would take exists."""
         return bool(self._idle.get(identity)) or (
-            identity is not None and bool(self._idle.get(None))
+            self._can_bind(identity) and bool(self._idle.get(None))
         )
 
     async def _free_slot(self) -> None:
@@ -266,7 +317,7 @@ class UpstreamPool:
         ]
         return healthy + [e for e in self.options.upstream if e not in healthy]
 
-    async def _connect(self) -> UpstreamConnection:
+    async def _connect(self, identity: Identity | None = None) -> UpstreamConnection:
         errors = []
         for endpoint in self._endpoint_order():
             try:
@@ -294,8 +345,26 @@ class UpstreamPool:
             replies = MessageReader(
                 self.options.upstream_transport, self.options.max_reply_bytes, keep=False
             )
-            return UpstreamConnection(endpoint, reader, writer, replies)
+            if self.auth is None:
+                return UpstreamConnection(endpoint, reader, writer, replies)
+            try:
+                streams = await self.auth.negotiate(reader, writer, endpoint, identity)
+            except BaseException:
+                writer.close()
+                raise
+            return UpstreamConnection(endpoint, *streams, replies)
         raise UpstreamUnreachable("no metastore reachable (" + "; ".join(errors) + ")")
+
+    async def open_raw(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A bare stream to the first metastore that answers, outside the pool (for relaying
+        an engine's own SASL negotiation to it)."""
+        errors = []
+        for endpoint in self._endpoint_order():
+            try:
+                return await self._open_stream(endpoint)
+            except OSError as exc:
+                errors.append(f"{endpoint}: {exc}")
+        raise OSError("no metastore reachable (" + "; ".join(errors) + ")")
 
     async def _open_tcp(
         self, endpoint: Endpoint

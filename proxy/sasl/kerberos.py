@@ -1,0 +1,138 @@
+"""The proxy's Kerberos identity: its keytab, for accepting engines and for logging in to the
+metastore, and how a client principal becomes a user name.
+
+No ticket cache or ``kinit`` is involved: python-gssapi's credential stores read the keytab
+directly (``keytab`` to accept, ``client_keytab`` with a private in-memory ccache to initiate),
+so the proxy depends on nothing but ``KRB5_CONFIG`` and the keytab file. The login (the TGT)
+is taken again from the keytab before it expires, in a thread (it asks the KDC), so calls
+never wait on an expired ticket.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+from proxy.sasl.layer import SaslError
+
+# Log in again when less than this fraction of the ticket's life, or this many seconds, is left.
+RELOGIN_FRACTION = 0.2
+RELOGIN_SECONDS = 60.0
+
+
+def expand_host(principal: str, host: str | None = None) -> str:
+    """Hadoop's ``_HOST``: this machine's name (or ``host``, the metastore's), lower case."""
+    if "/_HOST@" not in principal and not principal.endswith("/_HOST"):
+        return principal
+    name = (host or socket.getfqdn()).lower()
+    return principal.replace("/_HOST", f"/{name}", 1)
+
+
+def realm_of(principal: str) -> str:
+    return principal.rpartition("@")[2] if "@" in principal else ""
+
+
+def short_name(principal: str, local_realms: frozenset[str]) -> str:
+    """Hadoop's DEFAULT auth_to_local rule: the first component of a principal of a local
+    realm (``alice@R`` and ``alice/host@R`` are ``alice``); any other realm is refused."""
+    name, _, realm = principal.rpartition("@")
+    if not name or realm not in local_realms:
+        raise SaslError(
+            f"{principal}: not of a local realm ({', '.join(sorted(local_realms)) or 'none'}; "
+            "--kerberos-local-realms)"
+        )
+    return name.split("/", 1)[0]
+
+
+class KerberosLogin:
+    """Credentials from one keytab for one principal."""
+
+    def __init__(self, principal: str, keytab: str, *, initiate: bool) -> None:
+        import gssapi
+
+        self._gssapi = gssapi
+        self.principal = expand_host(principal)
+        self.keytab = keytab
+        self.realm = realm_of(self.principal)
+        self._name = gssapi.Name(self.principal, gssapi.NameType.kerberos_principal)
+        self._lock = threading.Lock()
+        self._generation = 0
+        self.accept_creds = gssapi.Credentials(
+            name=self._name, usage="accept", store={"keytab": keytab}
+        )
+        self.initiate = initiate
+        self._initiate_creds: Any = None
+        self.expires_at = 0.0  # of the current login (the TGT); 0 before the first
+        self.started_at = 0.0
+        self.logins = 0
+
+    # -- accepting ---------------------------------------------------------------------------
+
+    def acceptor(self) -> Any:
+        return self._gssapi.SecurityContext(creds=self.accept_creds, usage="accept")
+
+    # -- initiating (blocking: run these in a thread) -----------------------------------------
+
+    def login(self) -> None:
+        """A TGT from the keytab into a fresh in-memory ccache (asks the KDC)."""
+        gssapi = self._gssapi
+        with self._lock:
+            self._generation += 1
+            ccache = f"MEMORY:hms-cache-proxy-{id(self)}-{self._generation}"
+            creds = gssapi.Credentials(
+                name=self._name,
+                usage="initiate",
+                store={"client_keytab": self.keytab, "ccache": ccache},
+            )
+            # The AS exchange happens lazily at the first context; force it now, against our
+            # own service (always in the KDC), so that a bad keytab fails here, not in a call.
+            target = gssapi.Name(self.principal, gssapi.NameType.kerberos_principal)
+            try:
+                gssapi.SecurityContext(name=target, creds=creds, usage="initiate").step()
+            except gssapi.exceptions.GSSError as exc:
+                raise SaslError(f"Kerberos login as {self.principal} failed: {exc}") from None
+            lifetime = creds.lifetime or 0
+            now = time.time()
+            self._initiate_creds = creds
+            self.started_at = now
+            self.expires_at = now + lifetime
+            self.logins += 1
+
+    def relogin_at(self) -> float:
+        """When the login is taken again: a margin before it expires."""
+        if self._initiate_creds is None:
+            return 0.0
+        life = self.expires_at - self.started_at
+        margin = min(RELOGIN_SECONDS, life * RELOGIN_FRACTION) if life > 0 else RELOGIN_SECONDS
+        return self.expires_at - margin
+
+    def needs_login(self, now: float | None = None) -> bool:
+        now = time.time() if now is None else now
+        return self._initiate_creds is None or now >= self.relogin_at()
+
+    def initiator(self, target: str, flags: Any = None) -> Any:
+        """A context towards ``target`` (a full principal). Its first step asks the KDC for a
+        service ticket the first time: take it in a thread."""
+        gssapi = self._gssapi
+        if self.needs_login():
+            self.login()
+        name = gssapi.Name(target, gssapi.NameType.kerberos_principal)
+        requirements = flags or [
+            gssapi.RequirementFlag.mutual_authentication,
+            gssapi.RequirementFlag.integrity,
+            gssapi.RequirementFlag.confidentiality,
+            gssapi.RequirementFlag.replay_detection,
+            gssapi.RequirementFlag.out_of_sequence_detection,
+        ]
+        return gssapi.SecurityContext(
+            name=name, creds=self._initiate_creds, usage="initiate", flags=requirements
+        )
+
+    def valid(self, now: float | None = None) -> bool:
+        """For readiness: accepting needs only the keytab; initiating a live login."""
+        if not self.initiate:
+            return True
+        now = time.time() if now is None else now
+        return self._initiate_creds is not None and now < self.expires_at
