@@ -265,6 +265,7 @@ class _Session:
         if authenticated is not None:
             self.reader, self.writer = authenticated.reader, authenticated.writer
             self.state.user = authenticated.user
+            self.state.mechanism = authenticated.mechanism
             self.state.identity = authenticated_identity(
                 authenticated.user,
                 end_user=self.options.upstream_identity == "end-user",

@@ -4,6 +4,9 @@ for which the client keeps a connection of its own (see :mod:`proxy.upstream.poo
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from proxy import idl
 from proxy.handler.forward import Forwarder, upstream_request
 from proxy.handler.session import SessionState
@@ -16,7 +19,8 @@ from proxy.upstream import (
     result_outcome,
     set_ugi_succeeded,
 )
-from proxy.wire.binary import with_seqid
+from proxy.wire.binary import MessageType, encode_header, with_seqid
+from proxy.wire.errors import ProtocolError
 from proxy.wire.framing import Message
 
 
@@ -81,7 +85,40 @@ class Identities:
                 return await self.forwarder.upstream_failed(client, message, exc)
         return await self.forwarder.forward(session, message, client)
 
+    async def delegation_token(
+        self, session: SessionState, message: Message, client: ClientChannel
+    ) -> str:
+        """``get_delegation_token`` from an authenticated engine (Trino with impersonation,
+        HiveServer2, Spark submitting to a cluster).
+
+        The HMS issues tokens only on Kerberos connections, and an end user's pooled
+        connection is a token (DIGEST-MD5) one, so the call goes out on the proxy's own
+        Kerberos connection, where the HMS sees the proxy asking on the owner's behalf. The
+        proxy may impersonate anyone there, so it first checks what the HMS would check of a
+        direct caller: one may ask only for a token of one's own. An engine that itself came
+        with a token is refused by the HMS, as it would be directly.
+        """
+        if session.user is None or session.mechanism != "GSSAPI":
+            return await self.forwarder.forward(session, message, client)
+        try:
+            owner = idl.decode_args("get_delegation_token", message.body).token_owner
+        except ProtocolError:
+            owner = None
+        if owner is None or owner.split("@")[0].split("/")[0] != session.user:
+            text = f"User: {session.user} is not allowed to impersonate {owner}"
+            result = idl.result_class("get_delegation_token")(o1=_meta_exception(text))
+            header = message.header
+            reply = encode_header(header.name, MessageType.REPLY, header.seqid) + idl.encode(result)
+            await client.send(client.transport.frame(reply))
+            return "user_error"
+        as_proxy = replace(session, identity=None, pinned=None)
+        return await self.forwarder.forward(as_proxy, message, client)
+
     def end_session(self, session: SessionState) -> None:
         if session.pinned is not None:
             self.pool.discard(session.pinned)
             session.pinned = None
+
+
+def _meta_exception(text: str) -> Any:
+    return idl.module().MetaException(message=text)

@@ -21,6 +21,7 @@ class SessionState:
     pinned: UpstreamConnection | None = None  # its own metastore connection (setMetaConf)
     calls: int = 0
     user: str | None = None  # the user it authenticated as (SASL), if it did
+    mechanism: str | None = None  # how: GSSAPI (Kerberos) or DIGEST-MD5 (a token)
 
     @property
     def cache_identity(self) -> bytes | None:

@@ -27,7 +27,6 @@ from proxy.sasl.stream import (
     SaslWriter,
     client_negotiate,
 )
-from proxy.sasl.tokens import digest_password, digest_username
 from proxy.upstream.connection import Identity
 from proxy.upstream.errors import UpstreamAuthFailed
 from proxy.upstream.tokens import TokenBroker
@@ -107,9 +106,10 @@ class KerberosUpstream:
     async def _digest(self, negotiator: Negotiator, user: str) -> SecurityLayer:
         assert self.tokens is not None
         token = await self.tokens.token(user)
-        client = DigestClient(
-            digest_username(token.identifier), digest_password(token.password), qops=self.qops
-        )
+        # The same rule as GSSAPI's: the weakest protection offered, at least --sasl-qop's.
+        floor = min(q.strength for q in self.qops)
+        order = [q for q in (Qop.AUTH, Qop.AUTH_INT, Qop.AUTH_CONF) if q.strength >= floor]
+        client = DigestClient.for_token(token, qops=order)
         try:
             rspauth = await client_negotiate(negotiator, "DIGEST-MD5", b"", client.respond)
         except SaslError:

@@ -15,18 +15,15 @@ without ``authentication``), token engines are refused with a line saying so.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from proxy.sasl.digest import parse_directives, restrict_qop
+from proxy.sasl.digest import parse_directives, restrict_qop, token_owner
 from proxy.sasl.kerberos import short_name
 from proxy.sasl.layer import Qop, SaslError
 from proxy.sasl.negotiation import Status, encode
 from proxy.sasl.stream import Negotiator
-from proxy.sasl.tokens import TokenIdentifier
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +94,7 @@ class DigestRelay:
         if directives.get("qop", "auth") != "auth":
             raise SaslError(f"the engine chose qop {directives.get('qop')} (only auth relays)")
         try:
-            identifier = base64.b64decode(directives["username"], validate=True)
-            owner = TokenIdentifier.decode(identifier).owner
-        except (KeyError, binascii.Error, ValueError, SaslError) as exc:
+            owner = token_owner(response)
+        except (ValueError, SaslError) as exc:
             raise SaslError(f"not a metastore delegation token: {exc}") from None
         return short_name(owner, self.local_realms) if "@" in owner else owner

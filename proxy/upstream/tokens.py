@@ -109,7 +109,7 @@ class TokenBroker:
             )
         text = str(result.success)
         token = HadoopToken.decode(text)
-        identifier = TokenIdentifier.decode(token.identifier)
+        identifier = TokenIdentifier.from_bytes(token.identifier)
         self.metrics.kerberos_tokens.labels("fetched").inc()
         # The reply says nothing of the expiry; a renewal does (and costs one call).
         expires = await self._renew(text)

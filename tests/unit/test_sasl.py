@@ -144,7 +144,7 @@ def test_a_bad_ticket_is_a_sasl_error() -> None:
             raise RuntimeError("Ticket expired\nmore detail")
 
     server = GssapiServer(Refusing(1, []), [Qop.AUTH])
-    with pytest.raises(SaslError, match="Kerberos authentication failed: Ticket expired$"):
+    with pytest.raises(SaslError, match=r"Kerberos authentication failed: Ticket expired$"):
         server.step(b"AP-REQ")
 
 
