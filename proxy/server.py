@@ -158,10 +158,14 @@ class ThriftServer:
                 reader, writer, self.options.client_message_timeout, broken_frame
             )
         except Refused as exc:
-            mechanism = exc.mechanism.lower()
-            label = mechanism if mechanism in AUTH_MECHANISMS else "other"
-            self.metrics.client_auth.labels(label, exc.reason).inc()
-            log.warning("%s: closing connection: SASL %s refused: %s", peer, exc.mechanism, exc)
+            if exc.reason == "none":  # a port probe: no negotiation to count
+                log.debug("%s: connection closed before SASL negotiation", peer)
+            else:
+                mechanism = exc.mechanism.lower()
+                label = mechanism if mechanism in AUTH_MECHANISMS else "other"
+                self.metrics.client_auth.labels(label, exc.reason).inc()
+                what = "SASL negotiation" if exc.mechanism == "none" else f"SASL {exc.mechanism}"
+                log.warning("%s: closing connection: %s refused: %s", peer, what, exc)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()

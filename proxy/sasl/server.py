@@ -18,7 +18,7 @@ from proxy.sasl.gssapi_mech import GssapiServer
 from proxy.sasl.kerberos import KerberosLogin, short_name
 from proxy.sasl.layer import PLAIN, Qop, SaslError, SecurityLayer
 from proxy.sasl.negotiation import Status
-from proxy.sasl.stream import Negotiator, SaslReader, SaslWriter
+from proxy.sasl.stream import Negotiator, PeerClosed, SaslReader, SaslWriter
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,8 @@ class SaslAcceptor:
             raise Refused(
                 mechanism, "timeout", f"no SASL negotiation within {timeout:g} s"
             ) from None
+        except PeerClosed:
+            raise Refused(mechanism, "none", "closed before a word") from None
         except SaslError as exc:
             await negotiator.fail(Status.BAD, str(exc))
             reason = "protocol" if mechanism == "none" else "failed"

@@ -203,6 +203,10 @@ class SaslWriter:
 # -- negotiation on streams ------------------------------------------------------------------
 
 
+class PeerClosed(SaslError):
+    """The peer closed before sending anything (a TCP health check, a port probe)."""
+
+
 class Negotiator:
     """Reads and writes negotiation messages on raw streams, each read within ``timeout``."""
 
@@ -213,6 +217,7 @@ class Negotiator:
         self.writer = writer
         self.timeout = timeout
         self.messages = NegotiationReader()
+        self.received = 0
 
     async def receive(self) -> Negotiation:
         async with asyncio.timeout(self.timeout):
@@ -222,7 +227,10 @@ class Negotiator:
                     return message
                 data = await self.reader.read(READ_SIZE)
                 if not data:
+                    if not self.received:
+                        raise PeerClosed("the peer closed the connection without a word")
                     raise SaslError("the peer closed the connection during SASL negotiation")
+                self.received += len(data)
                 self.messages.feed(data)
 
     async def send(self, status: Status, payload: bytes = b"") -> None:
