@@ -124,7 +124,7 @@ class Realm(Service):
                 start_new_session=True,
             )
         try:
-            wait_for_port(self.port, timeout, alive=lambda: self.process.poll() is None)  # type: ignore[union-attr]
+            wait_for_port(self.port, timeout, alive=lambda: self.process.poll() is None)
         except Exception as exc:
             raise RuntimeError(f"krb5kdc did not start: {exc}\n{self.log_tail()}") from exc
 
