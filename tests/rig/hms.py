@@ -1,4 +1,11 @@
-"""A real Hive Metastore 2.3.10 from the pyspark jars, on Derby, on a free port."""
+"""A real Hive Metastore 2.3.10 from the pyspark jars, on Derby, on a free port.
+
+With ``kerberos=`` a Realm (tests/rig/kdc.py) it runs in secure mode: SASL GSSAPI with the
+principal ``hive/localhost``, ``hadoop.rpc.protection`` as asked, and the proxy's principal
+(short name ``proxy``) allowed to impersonate anyone, as a real proxy needs for per-user
+delegation tokens. Clients ask for ``service@<host of the URI>``, so such a metastore's URI
+says ``localhost``.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from tests.rig import java
+from tests.rig.kdc import Realm
 from tests.rig.ports import free_port, wait_for_port
 from tests.rig.service import Service
 
@@ -20,7 +28,25 @@ appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{HH:mm:ss.SSS} %-5p %c{1}: %m%n
 rootLogger.level = warn
 rootLogger.appenderRef.console.ref = console
+# Two start-up lines say what the metastore came up as (secure or not, which port); the
+# rest of HiveMetaStore's INFO (a line per call, the audit log) stays out.
+logger.start.name = org.apache.hadoop.hive.metastore.HiveMetaStore
+logger.start.level = info
+logger.start.filter.lines.type = RegexFilter
+logger.start.filter.lines.regex = .*(Secure Mode|new metaserver on port).*
+logger.start.filter.lines.onMatch = ACCEPT
+logger.start.filter.lines.onMismatch = DENY
+# "Login successful for user hive/localhost@... using keytab file ...": the keytab worked.
+logger.login.name = org.apache.hadoop.security.UserGroupInformation
+logger.login.level = info
 """
+
+# What HiveMetaStore logs before it listens when SASL is on.
+SECURE_MODE = "Starting DB backed MetaStore Server in Secure Mode"
+# hadoop.rpc.protection values (SASL QOP auth / auth-int / auth-conf).
+PROTECTIONS = ("authentication", "integrity", "privacy")
+# The metastore's service principal (its host is the URI's host: see the module docstring).
+SERVICE = "hive/localhost"
 
 
 # What CallerLog.java writes to the log as a slow call begins.
@@ -28,7 +54,8 @@ SLOW_CALL_STARTED = "hmsproxy.rig.CallerLog: slow call started: "
 
 
 class MetastoreServer(Service):
-    """One HMS process with its own Derby folder and warehouse under ``workdir``."""
+    """One HMS process with its own Derby folder and warehouse under ``workdir``; Kerberized
+    with ``kerberos`` (see the module docstring), SASL QOP from ``protection``."""
 
     def __init__(
         self,
@@ -40,8 +67,16 @@ class MetastoreServer(Service):
         keystore_password: str = "",
         locks: bool = False,
         txn_timeout: float = 300.0,
+        kerberos: Realm | None = None,
+        protection: str = "authentication",
     ) -> None:
+        if protection not in PROTECTIONS:
+            raise ValueError(f"protection: one of {PROTECTIONS}, not {protection!r}")
+        if kerberos is not None and framed:
+            raise ValueError("a Kerberized metastore cannot be framed (SASL frames instead)")
         self.workdir = workdir
+        self.kerberos = kerberos
+        self.protection = protection
         # A metastore that can grant locks (Iceberg's commits need one): DBCP, which 2.3's
         # TxnHandler can use (it knows BoneCP, which the pyspark jars lack, and DBCP; not
         # HikariCP), and the transaction tables (tests/rig/java/TxnTables.java).
@@ -51,7 +86,8 @@ class MetastoreServer(Service):
         self.keystore = keystore  # a PKCS#12 keystore: the metastore speaks TLS
         self.keystore_password = keystore_password
         self.port = port or free_port()
-        self.host = "127.0.0.1"
+        # Kerberos: the host of the URI names the service principal (hive/localhost).
+        self.host = "127.0.0.1" if kerberos is None else "localhost"
         self.warehouse = workdir / "warehouse"
         self.caller_log = workdir / "callers.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -59,6 +95,36 @@ class MetastoreServer(Service):
     @property
     def uri(self) -> str:
         return f"thrift://{self.host}:{self.port}"
+
+    @property
+    def principal(self) -> str:
+        """The metastore's own principal (``hive/localhost@REALM``); a client names it as
+        ``hive/_HOST@REALM`` or in full."""
+        if self.kerberos is None:
+            raise ValueError("this metastore is not Kerberized")
+        return self.kerberos.principal(SERVICE)
+
+    def _secure_site(self) -> dict[str, str]:
+        if self.kerberos is None:
+            return {}
+        return {
+            "hive.metastore.sasl.enabled": "true",
+            "hive.metastore.kerberos.principal": self.principal,
+            "hive.metastore.kerberos.keytab.file": str(self.kerberos.add_service(SERVICE)),
+        }
+
+    def _core_site(self) -> dict[str, str]:
+        """Hadoop's side of secure mode: the login user comes from the keytab, the SASL
+        QOP from ``hadoop.rpc.protection``, and ``proxy`` (the proxy's principal's short
+        name) may act for any user from any host: get_delegation_token(user, ...) for
+        another user needs it."""
+        return {
+            "hadoop.security.authentication": "kerberos",
+            "hadoop.rpc.protection": self.protection,
+            "hadoop.proxyuser.proxy.hosts": "*",
+            "hadoop.proxyuser.proxy.groups": "*",
+            "hadoop.proxyuser.proxy.users": "*",
+        }
 
     def _site(self) -> dict[str, str]:
         tls = {}
@@ -86,6 +152,7 @@ class MetastoreServer(Service):
             }
         return (
             tls
+            | self._secure_site()
             | {
                 "javax.jdo.option.ConnectionURL": (
                     f"jdbc:derby:;databaseName={self.workdir / 'metastore_db'};create=true"
@@ -116,17 +183,16 @@ class MetastoreServer(Service):
         conf = self.workdir / "conf"
         conf.mkdir(parents=True, exist_ok=True)
         self.warehouse.mkdir(parents=True, exist_ok=True)
-        props = "".join(
-            f"<property><name>{escape(k)}</name><value>{escape(v)}</value></property>\n"
-            for k, v in self._site().items()
-        )
-        (conf / "hive-site.xml").write_text(f"<configuration>\n{props}</configuration>\n")
+        write_site(conf / "hive-site.xml", self._site())
+        if self.kerberos is not None:
+            write_site(conf / "core-site.xml", self._core_site())
         (conf / "log4j2.properties").write_text(LOG4J2)
         classes = java.compiled_helpers()
         command = [
             "java",
             "-Xmx768m",
             "-XX:+UseSerialGC",
+            *(kerberos_jvm_flags(self.kerberos) if self.kerberos is not None else []),
             "-Dlog4j2.contextSelector=org.apache.logging.log4j.core.selector.ClassLoaderContextSelector",
             f"-Dlog4j.configurationFile={conf / 'log4j2.properties'}",
             "-cp",
@@ -141,12 +207,17 @@ class MetastoreServer(Service):
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.workdir,
+                env=os.environ | (self.kerberos.env if self.kerberos is not None else {}),
                 start_new_session=True,
             )
         try:
             wait_for_port(self.port, timeout, alive=lambda: self.process.poll() is None)  # type: ignore[union-attr]
         except Exception as exc:
             raise RuntimeError(f"HMS did not start: {exc}\n{self.log_tail()}") from exc
+        # The line comes before the port opens; without it the metastore is not using SASL
+        # (it would accept anyone, and a Kerberos test against it would prove nothing).
+        if self.kerberos is not None and SECURE_MODE not in self.log():
+            raise RuntimeError(f"HMS did not start in secure mode:\n{self.log_tail()}")
 
     def log(self) -> str:
         path = self.workdir / "hms.log"
@@ -175,7 +246,12 @@ class MetastoreServer(Service):
                 self.kill()
 
     def callers(self) -> list[tuple[str, str, str]]:
-        """(event, target, user) lines the HMS recorded, in order."""
+        """(event, target, user) lines the HMS recorded, in order. The user is the short
+        name of the identity the HMS ran the call as: without Kerberos, the connection's
+        set_ugi user; with Kerberos, the SASL-authenticated principal mapped by Hadoop's
+        default auth_to_local (``alice@REALM`` and ``alice/host@REALM`` → ``alice``), or, on a
+        DIGEST-MD5 connection, the owner of its delegation token. set_ugi changes nothing
+        under SASL."""
         if not self.caller_log.exists():
             return []
         out = []
@@ -183,3 +259,27 @@ class MetastoreServer(Service):
             event, target, user = line.split(" ")
             out.append((event, target, user))
         return out
+
+
+def kerberos_jvm_flags(realm: Realm) -> list[str]:
+    """What a JDK 17 metastore needs to log in from a keytab in ``realm``: the realm's
+    krb5.conf (the JDK does not read KRB5_CONFIG; without it the login reads /etc/krb5.conf
+    and fails "Cannot locate KDC"). The JDK's Kerberos internals are opened to Hadoop, which
+    reflects into them in some versions; the Hadoop 3.5 of these jars logs in, accepts and
+    maps principals without them (tried), so they are insurance, as are the referrals left
+    off (one realm here)."""
+    return [
+        f"-Djava.security.krb5.conf={realm.krb5_conf}",
+        "-Dsun.security.krb5.disableReferrals=true",
+        "--add-opens=java.security.jgss/sun.security.krb5=ALL-UNNAMED",
+        "--add-exports=java.security.jgss/sun.security.krb5=ALL-UNNAMED",
+    ]
+
+
+def write_site(path: Path, properties: dict[str, str]) -> None:
+    """A Hadoop-style ``*-site.xml``."""
+    props = "".join(
+        f"<property><name>{escape(k)}</name><value>{escape(v)}</value></property>\n"
+        for k, v in properties.items()
+    )
+    path.write_text(f"<configuration>\n{props}</configuration>\n")

@@ -4,27 +4,38 @@ A session lives in a process of its own (one per process): the jobs in ``tests/e
 theirs with ``session``, and the tests run them with ``running``. A job that must pause for
 the test prints ``READY`` and waits for a file (``wait_for_go``); the test waits for that
 line (``wait_ready``), does its part, creates the file, then ``finish``es the job.
+
+Kerberos: the test gives the job ``kerberos_env`` (the user's ticket cache and a Hadoop
+configuration that says ``kerberos``); the job builds its session with ``kerberos_conf``.
+Both halves are needed: Hadoop's login user is made from HADOOP_CONF_DIR before any
+``spark.hadoop.*`` setting applies (with only the Spark conf the client stays SIMPLE and
+fails "Failed to find any Kerberos tgt"), and the metastore client's SASL settings come from
+the Spark conf.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from tests.rig.hms import write_site
+from tests.rig.kdc import Realm
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def session(uri: str, warehouse: str, app: str) -> Any:
+def session(uri: str, warehouse: str, app: str, conf: Mapping[str, str] | None = None) -> Any:
     """A Spark session whose Hive catalog is the metastore at ``uri``, with dynamic
-    partitions allowed (non-strict), quiet logs and no UI."""
+    partitions allowed (non-strict), quiet logs and no UI; ``conf`` on top (``kerberos_conf``)."""
     from pyspark.sql import SparkSession
 
-    spark = (
+    builder = (
         SparkSession.builder.master("local[1]")
         .appName(app)
         .config("spark.sql.catalogImplementation", "hive")
@@ -32,12 +43,52 @@ def session(uri: str, warehouse: str, app: str) -> Any:
         .config("spark.sql.warehouse.dir", warehouse)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "1")
-        .enableHiveSupport()
-        .getOrCreate()
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.enableHiveSupport().getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.sql("SET hive.exec.dynamic.partition.mode=nonstrict")
     return spark
+
+
+def kerberos_conf(
+    principal: str, krb5_conf: str | Path, protection: str | None = None
+) -> dict[str, str]:
+    """The Spark conf of a session whose metastore client speaks SASL GSSAPI to the service
+    ``principal`` (``hive/_HOST@REALM``, or the proxy's ``proxy/_HOST@REALM``: ``_HOST``
+    becomes the host of the metastore URI); ``protection`` is hadoop.rpc.protection (None:
+    Hadoop's default, ``authentication``, which a ``privacy`` metastore refuses: "No common
+    protection layer between client and server"). The driver's JDK reads the realm from
+    ``krb5_conf`` (it ignores KRB5_CONFIG); Spark's launcher already opens the JDK's
+    Kerberos internals to Hadoop."""
+    conf = {
+        "spark.hadoop.hive.metastore.sasl.enabled": "true",
+        "spark.hadoop.hive.metastore.kerberos.principal": principal,
+        "spark.hadoop.hadoop.security.authentication": "kerberos",
+        "spark.driver.extraJavaOptions": f"-Djava.security.krb5.conf={krb5_conf}",
+    }
+    if protection is not None:
+        conf["spark.hadoop.hadoop.rpc.protection"] = protection
+    return conf
+
+
+def kerberos_env(
+    realm: Realm, user: str, workdir: Path, protection: str | None = None
+) -> dict[str, str]:
+    """The environment of a Spark job running as ``user`` (who must be ``realm.add_user``'d):
+    a fresh TGT in a FILE ccache of the user's own (KRB5CCNAME, which the JDK reads
+    directly), HADOOP_CONF_DIR with a core-site.xml saying ``kerberos`` (and
+    ``protection``), and the realm's ``env`` (KRB5_CONFIG, for the job's own use in
+    ``kerberos_conf``)."""
+    ccache = realm.kinit(user, workdir / f"cc-{user}")
+    conf_dir = workdir / f"hadoop-conf-{user}"
+    conf_dir.mkdir(parents=True, exist_ok=True)
+    core = {"hadoop.security.authentication": "kerberos"}
+    if protection is not None:
+        core["hadoop.rpc.protection"] = protection
+    write_site(conf_dir / "core-site.xml", core)
+    return realm.env | {"KRB5CCNAME": f"FILE:{ccache}", "HADOOP_CONF_DIR": str(conf_dir)}
 
 
 def wait_for_go(path: str | Path) -> None:
@@ -49,15 +100,19 @@ def wait_for_go(path: str | Path) -> None:
 
 
 @contextlib.contextmanager
-def running(job: str, *args: str) -> Iterator[subprocess.Popen[str]]:
+def running(
+    job: str, *args: str, env: Mapping[str, str] | None = None
+) -> Iterator[subprocess.Popen[str]]:
     """The job module ``tests.e2e.<job>`` running with ``args``, its output piped; killed on
-    the way out if it has not ended."""
+    the way out if it has not ended. ``env`` is added to this process's environment
+    (``kerberos_env``)."""
     process = subprocess.Popen(
         [sys.executable, "-m", f"tests.e2e.{job}", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
+        env=os.environ | dict(env or {}),
     )
     try:
         yield process

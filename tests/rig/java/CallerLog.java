@@ -17,9 +17,10 @@ import org.apache.hadoop.security.UserGroupInformation;
 
 /**
  * Test-rig pre-event listener: appends "EVENT target user" for every metastore event to the
- * file named by the hive-site property hmsproxy.rig.caller.log, where the user is the identity
- * the HMS runs the call as (the set_ugi identity of the connection). This is how the tests see
- * which user a call reached the real HMS as.
+ * file named by the hive-site property hmsproxy.rig.caller.log, where the user is the short name
+ * of the identity the HMS runs the call as: the set_ugi identity of the connection; in secure
+ * mode the SASL-authenticated principal (alice@REALM: alice) or a delegation token's owner, and
+ * set_ugi changes nothing. This is how the tests see which user a call reached the real HMS as.
  *
  * Reading a table whose name starts with "slowread", or altering one whose name starts with
  * "slowwrite", takes the HMS three seconds: a real call in flight for the tests (to drain on
