@@ -53,7 +53,7 @@ LISTING_SOURCES = ("cache", "storage")
 LOCK_FENCE_EVENTS = ("opened", "closed", "expired")
 AUTH_MECHANISMS = ("gssapi", "digest-md5", "other")
 AUTH_RESULTS = ("ok", "failed", "unsupported", "protocol", "timeout")
-TOKEN_EVENTS = ("fetched", "renewed", "fetch_failed", "renew_failed", "refused")
+TOKEN_EVENTS = ("fetched", "fetch_failed", "refused")
 CLIENT_ERRORS = ("protocol", "too_large", "timeout", "idle", "bad_message_type", "connection_limit")
 
 
@@ -362,8 +362,9 @@ class Metrics:
         self.kerberos_tokens = _Children(
             Counter(
                 "hmsproxy_kerberos_tokens",
-                "Delegation tokens the proxy holds for its users: fetched, renewed, failures, "
-                "and refused (the metastore no longer knew one: fetched again)",
+                "Delegation tokens the proxy fetched for its users (one per user and hour), "
+                "fetches that failed, and tokens the metastore refused (it no longer knew "
+                "them: fetched again)",
                 ["event"],
                 registry=r,
             )

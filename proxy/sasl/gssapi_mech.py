@@ -99,11 +99,15 @@ class GssapiServer:
         if self._state == "establishing":
             try:
                 out = self.context.step(token)
+                # python-gssapi may return an error token and raise only at the next look at
+                # the context: look inside the same guard.
+                complete = self.context.complete
+                if complete:
+                    self._initiator = str(initiator()) if initiator else ""
             except Exception as exc:  # GSSError: bad ticket, wrong service, clock skew, ...
                 raise SaslError(f"Kerberos authentication failed: {_first_line(exc)}") from None
-            if not self.context.complete:
+            if not complete:
                 return out or b"", False
-            self._initiator = str(initiator()) if initiator else ""
             if out:  # mutual authentication: the client answers this with an empty message
                 self._state = "confirming"
                 return out, False
@@ -160,13 +164,13 @@ class GssapiClient:
             raise SaslError(f"Kerberos: cannot start a context: {_first_line(exc)}") from None
 
     def step(self, token: bytes) -> bytes:
-        if not self.context.complete:
-            try:
-                return self.context.step(token) or b""
-            except Exception as exc:
-                raise SaslError(
-                    f"Kerberos: the server's reply failed: {_first_line(exc)}"
-                ) from None
+        try:
+            if not self.context.complete:
+                out = self.context.step(token) or b""
+                self.context.complete  # noqa: B018 - raises what step() deferred
+                return out
+        except Exception as exc:
+            raise SaslError(f"Kerberos: the server's reply failed: {_first_line(exc)}") from None
         try:
             offer = bytes(self.context.unwrap(token).message)
         except Exception as exc:

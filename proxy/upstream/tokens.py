@@ -2,11 +2,15 @@
 
 Under SASL the HMS ignores ``set_ugi``; what makes a call run as alice is a connection
 authenticated as her. The proxy (with ``hadoop.proxyuser`` rights at the HMS) asks for a token
-owned by alice and renewable by itself, ``get_delegation_token("alice", <proxy>)``, on its own
-Kerberos connection, then opens DIGEST-MD5 connections with it (Trino's and Waggle Dance's
-method). A token is renewed before it expires (the HMS says when, in the reply to a renewal),
-and fetched anew near its maximum lifetime or when the HMS no longer knows it (an HMS restart
-with the in-memory token store forgets every token).
+owned by alice, ``get_delegation_token("alice", <proxy>)``, on its own Kerberos connection,
+then opens DIGEST-MD5 connections with it (Trino's and Waggle Dance's method).
+
+A token is replaced by a new one after ``TOKEN_TTL`` (Trino's ``delegation-token.cache-ttl``
+and Waggle Dance's default, one hour), long before it could expire (Hive: a day without
+renewal, seven at most), and at once when the HMS no longer knows it (an HMS restart with the
+in-memory token store forgets every token). Renewing instead is not possible for a proxy with
+a service principal: HMS 2.3 compares the stored renewer, a short name (``proxy``), with the
+renewing caller's full name (``proxy/host@REALM``) and refuses.
 """
 
 from __future__ import annotations
@@ -28,10 +32,7 @@ from proxy.wire.framing import Message
 
 log = logging.getLogger(__name__)
 
-# Renew when this fraction of the time to expiry has passed; fetch anew this long before the
-# token's maximum lifetime (Hive: renew interval 1 day, maximum lifetime 7 days).
-RENEW_FRACTION = 0.75
-REFETCH_BEFORE_MAX = 3600.0
+TOKEN_TTL = 3600.0
 
 # ``ask(method, **args)``: one call on the proxy's own (Kerberos) metastore connection.
 Ask = Callable[..., Awaitable[Message]]
@@ -39,33 +40,37 @@ Ask = Callable[..., Awaitable[Message]]
 
 @dataclass
 class Held:
-    text: str  # as the HMS sent it (renew and cancel take this form)
+    text: str  # as the HMS sent it
     token: HadoopToken
     identifier: TokenIdentifier
-    renew_at: float  # epoch seconds
-    refetch_at: float
+    replace_at: float  # epoch seconds
 
 
 class TokenBroker:
     def __init__(
-        self, ask: Ask, renewer: str, metrics: Metrics, clock: Callable[[], float] = time.time
+        self,
+        ask: Ask,
+        renewer: str,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.time,
+        ttl: float = TOKEN_TTL,
     ) -> None:
         self.ask = ask
         self.renewer = renewer
         self.metrics = metrics
         self.clock = clock
+        self.ttl = ttl
         self._held: dict[str, Held] = {}
         self._flights: dict[str, asyncio.Future[Held]] = {}
 
     async def token(self, user: str) -> HadoopToken:
-        """A live token of ``user``'s: held, renewed, or fetched (one fetch per user at a time)."""
+        """A live token of ``user``'s: held, or fetched (one fetch per user at a time)."""
         held = self._held.get(user)
-        now = self.clock()
-        if held is not None and now < held.renew_at:
+        if held is not None and self.clock() < held.replace_at:
             return held.token
         flight = self._flights.get(user)
         if flight is None:
-            flight = asyncio.ensure_future(self._refresh(user, held))
+            flight = asyncio.ensure_future(self._fetch(user))
             self._flights[user] = flight
             flight.add_done_callback(lambda _: self._flights.pop(user, None))
         return (await asyncio.shield(flight)).token
@@ -80,58 +85,34 @@ class TokenBroker:
     def users(self) -> int:
         return len(self._held)
 
-    async def _refresh(self, user: str, held: Held | None) -> Held:
-        if held is not None and self.clock() < held.refetch_at:
-            try:
-                expires = await self._renew(held.text)
-                held.renew_at = self._renew_time(expires)
-                self.metrics.kerberos_tokens.labels("renewed").inc()
-                return held
-            except UpstreamError as exc:
-                self.metrics.kerberos_tokens.labels("renew_failed").inc()
-                log.info(
-                    "could not renew %s's delegation token (fetching a new one): %s", user, exc
-                )
-        fresh = await self._fetch(user)
-        self._held[user] = fresh
-        return fresh
-
     async def _fetch(self, user: str) -> Held:
-        reply = await self.ask(
-            "get_delegation_token", token_owner=user, renewer_kerberos_principal_name=self.renewer
-        )
-        result = _result("get_delegation_token", reply)
+        try:
+            reply = await self.ask(
+                "get_delegation_token",
+                token_owner=user,
+                renewer_kerberos_principal_name=self.renewer,
+            )
+            result = _result("get_delegation_token", reply)
+        except UpstreamError:
+            self.metrics.kerberos_tokens.labels("fetch_failed").inc()
+            raise
         if result.success is None:
             self.metrics.kerberos_tokens.labels("fetch_failed").inc()
+            short = self.renewer.split("/")[0].split("@")[0]
             raise UpstreamAuthFailed(
                 f"the metastore gave no delegation token for {user}: {_error(result)} (does it "
-                f"grant hadoop.proxyuser.{self.renewer.split('/')[0].split('@')[0]}.* rights?)"
+                f"grant the proxy hadoop.proxyuser.{short}.hosts/groups/users?)"
             )
         text = str(result.success)
         token = HadoopToken.decode(text)
         identifier = TokenIdentifier.from_bytes(token.identifier)
         self.metrics.kerberos_tokens.labels("fetched").inc()
-        # The reply says nothing of the expiry; a renewal does (and costs one call).
-        expires = await self._renew(text)
-        max_date = identifier.max_date / 1000
-        return Held(
-            text,
-            token,
-            identifier,
-            renew_at=self._renew_time(expires),
-            refetch_at=max(self.clock(), max_date - REFETCH_BEFORE_MAX),
-        )
-
-    async def _renew(self, text: str) -> float:
-        reply = await self.ask("renew_delegation_token", token_str_form=text)
-        result = _result("renew_delegation_token", reply)
-        if result.success is None:
-            raise UpstreamAuthFailed(f"renewal refused: {_error(result)}")
-        return int(result.success) / 1000
-
-    def _renew_time(self, expires: float) -> float:
-        now = self.clock()
-        return now + max(1.0, (expires - now) * RENEW_FRACTION)
+        # Never past the token's own end, should the HMS's lifetimes be shorter than the TTL.
+        max_date = identifier.max_date / 1000 if identifier.max_date else float("inf")
+        replace_at = min(self.clock() + self.ttl, max_date - 60)
+        held = Held(text, token, identifier, replace_at)
+        self._held[user] = held
+        return held
 
 
 def _result(method: str, reply: Message) -> Any:

@@ -9,6 +9,7 @@ import org.apache.hadoop.hive.metastore.api.MetaException;
 import org.apache.hadoop.hive.metastore.api.Table;
 import org.apache.hadoop.hive.metastore.events.PreAddPartitionEvent;
 import org.apache.hadoop.hive.metastore.events.PreAlterTableEvent;
+import org.apache.hadoop.hive.metastore.events.PreCreateDatabaseEvent;
 import org.apache.hadoop.hive.metastore.events.PreCreateTableEvent;
 import org.apache.hadoop.hive.metastore.events.PreEventContext;
 import org.apache.hadoop.hive.metastore.events.PreReadDatabaseEvent;
@@ -48,6 +49,8 @@ public class CallerLog extends MetaStorePreEventListener {
     } else if (context instanceof PreCreateTableEvent) {
       PreCreateTableEvent e = (PreCreateTableEvent) context;
       target = e.getTable().getDbName() + "." + e.getTable().getTableName();
+    } else if (context instanceof PreCreateDatabaseEvent) {
+      target = ((PreCreateDatabaseEvent) context).getDatabase().getName();
     } else if (context instanceof PreReadDatabaseEvent) {
       target = ((PreReadDatabaseEvent) context).getDatabase().getName();
     } else if (context instanceof PreAlterTableEvent) {
