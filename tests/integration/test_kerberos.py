@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -293,3 +294,84 @@ def test_delegation_token_engines_work_through_the_proxy(
     with pytest.raises(SaslError, match=r"BAD|ERROR"):
         TokenConnection.connect("localhost", proxy.port, token)
     assert proxy.metric("hmsproxy_client_auth_total", mechanism="digest-md5", result="failed") == 1
+
+
+def test_tokens_are_fetched_again_when_the_metastore_forgets_them(
+    realm: Realm, kerberos_hms: MetastoreServer, kerberos_proxy: ProxyMaker
+) -> None:
+    """The HMS's default token store is in memory: a restart forgets every token the proxy
+    holds. The next call of each user gets a new one, and succeeds."""
+    proxy = kerberos_proxy(kerberos_hms)
+    with engine(realm, "bob", proxy) as bob:
+        assert call(bob, "get_all_databases").success
+    assert proxy.metric("hmsproxy_kerberos_tokens_total", event="fetched") == 1
+    kerberos_hms.stop()
+    kerberos_hms.start()
+    with engine(realm, "bob", proxy) as bob:
+        call(bob, "create_database", database=database("k_after_restart", kerberos_hms.warehouse))
+    assert callers(kerberos_hms, "CREATE_DATABASE", "k_after_restart") == ["bob"]
+    assert proxy.metric("hmsproxy_kerberos_tokens_total", event="refused") == 1
+    assert proxy.metric("hmsproxy_kerberos_tokens_total", event="fetched") == 2
+
+
+def test_the_proxy_logs_in_again_before_its_ticket_expires(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A realm whose tickets last 8 s: for four lifetimes an engine calls through the proxy on
+    new metastore connections (each needs a valid login for its service ticket), and no call
+    fails; the login's expiry moves on, and readiness stays green."""
+    with Realm(tmp_path / "short", ticket_lifetime=8) as short:
+        for key, value in short.env.items():
+            monkeypatch.setenv(key, value)
+        for service in ("hive/localhost", "proxy/localhost"):
+            short.add_service(service)
+        short.add_user("dave", "dave-pw")
+        with MetastoreServer(tmp_path / "hms", kerberos=short) as hms:
+            proxy = ProxyProcess(
+                tmp_path,
+                hms.uri,
+                "--client-auth",
+                "kerberos",
+                "--kerberos-principal",
+                short.principal("proxy/localhost"),
+                "--kerberos-keytab",
+                str(short.keytab("proxy/localhost")),
+                "--upstream-auth",
+                "kerberos",
+                "--upstream-principal",
+                hms.principal,
+                "--upstream-identity",
+                "proxy",
+                # Every call on a new metastore connection: each one asks for a ticket.
+                "--upstream-max-idle",
+                "0",
+                env=short.env,
+            ).start()
+            try:
+                first = proxy.metric("hmsproxy_kerberos_login_expiry_timestamp_seconds")
+                ends = time.time() + 4 * 8
+                calls = 0
+                while time.time() < ends:
+                    ccache = short.kinit("dave")  # the engine's own ticket runs out too
+                    with KerberosConnection(
+                        "localhost", proxy.port, service="proxy", ccache=ccache
+                    ) as dave:
+                        assert call(dave, "get_all_databases").success
+                    calls += 1
+                    time.sleep(0.5)
+                last = proxy.metric("hmsproxy_kerberos_login_expiry_timestamp_seconds")
+                assert last > first + 16, (first, last)
+                assert "Kerberos: logged in again" in proxy.log()
+                assert calls > 20
+                assert (
+                    proxy.metric(
+                        "hmsproxy_upstream_auth_total", mechanism="gssapi", result="failed"
+                    )
+                    == 0
+                )
+                health = urllib.request.urlopen(
+                    f"http://127.0.0.1:{proxy.metrics_port}/readyz", timeout=10
+                )
+                assert health.status == 200
+            finally:
+                proxy.stop()
