@@ -74,11 +74,11 @@ class DigestRelay:
                 payload = self._narrow(payload)
             await client.send(Status.OK, payload)
             answer = await client.receive()
-            if answer.status is not Status.OK:
+            if answer.status not in (Status.OK, Status.COMPLETE):
                 raise SaslError(f"the engine sent {answer.status.name} during DIGEST-MD5")
             if owner is None and answer.payload:
                 owner = self._owner(answer.payload)
-            await upstream.send(Status.OK, answer.payload)
+            await upstream.send(answer.status, answer.payload)
 
     def _narrow(self, challenge: bytes) -> bytes:
         offered = parse_directives(challenge).get("qop", "auth")
