@@ -82,6 +82,7 @@ class ThriftServer:
         self.acceptor = acceptor  # SASL (--client-auth kerberos): who each engine is
         self._server: asyncio.Server | None = None
         self._sessions: dict[asyncio.Task[None], _Session] = {}
+        self._negotiating = 0  # connections in their SASL negotiation
         self.stopping = False
         self._refusal_logged_at = float("-inf")
 
@@ -122,12 +123,18 @@ class ThriftServer:
         # an empty buffer before the next slice is handed over.
         writer.transport.set_write_buffer_limits(high=WRITE_SLICE, low=WRITE_SLICE // 4)
         limit = self.options.max_client_connections
-        if limit and len(self._sessions) >= limit:
+        if limit and len(self._sessions) + self._negotiating >= limit:
             await self._refuse(reader, writer, limit)
             return
         authenticated = None
         if self.acceptor is not None:
-            authenticated = await self._authenticate(reader, writer)
+            # Connections still negotiating count against the limit too: each may hold a
+            # negotiation message (up to 128 KiB) for --client-message-timeout.
+            self._negotiating += 1
+            try:
+                authenticated = await self._authenticate(reader, writer)
+            finally:
+                self._negotiating -= 1
             if authenticated is None:
                 return
         session = _Session(self, reader, writer, authenticated)
@@ -198,6 +205,9 @@ class ThriftServer:
                 "refusing client connections: %d open, the limit (--max-client-connections)",
                 limit,
             )
+        if self.acceptor is not None:  # a SASL engine reads no Thrift before negotiating
+            writer.close()
+            return
         requests = MessageReader(self.options.client_transport, 64 * 1024)
         header: MessageHeader | None = None
         try:

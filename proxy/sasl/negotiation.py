@@ -14,9 +14,11 @@ from enum import IntEnum
 from proxy.sasl.layer import SaslError
 
 _HEADER = struct.Struct(">BI")
-# A Kerberos AP-REQ is ~1 KB, with a big PAC tens of KB; a plain Thrift client's first bytes
-# (0x80 0x01 ...) would read as a status of 128, refused at once, never as a length to wait for.
-MAX_NEGOTIATION_BYTES = 1 << 20
+# A Kerberos AP-REQ is ~1 KB; with an Active Directory PAC of many groups up to ~64 KB (Windows'
+# MaxTokenSize). The bound is what an unauthenticated connection can make the proxy hold. A
+# plain Thrift client's first bytes (0x80 0x01 ...) read as a status of 128, refused at once,
+# never as a length to wait for.
+MAX_NEGOTIATION_BYTES = 128 << 10
 
 
 class Status(IntEnum):
