@@ -681,6 +681,60 @@ def listings() -> list[Panel]:
     ]
 
 
+def kerberos() -> list[Panel]:
+    return [
+        timeseries(
+            "Engine authentications",
+            "SASL negotiations of engines with the proxy (--client-auth kerberos), by mechanism "
+            "(gssapi: Kerberos; digest-md5: a delegation token) and result; failed: a bad or "
+            "expired ticket, a wrong service, no common protection, a refused token "
+            "(hmsproxy_client_auth_total).",
+            [
+                target(
+                    f"sum by (mechanism, result) ({rate('hmsproxy_client_auth_total')})",
+                    "{{mechanism}} {{result}}",
+                )
+            ],
+            "cps",
+            width=8,
+        ),
+        timeseries(
+            "Metastore authentications and tokens",
+            "The proxy's own SASL negotiations with the metastore (gssapi as the proxy, "
+            "digest-md5 with a user's delegation token) and its token fetches; refused: the "
+            "metastore no longer knew a token (fetched again).",
+            [
+                target(
+                    f"sum by (mechanism, result) ({rate('hmsproxy_upstream_auth_total')})",
+                    "{{mechanism}} {{result}}",
+                ),
+                target(
+                    f"sum by (event) ({rate('hmsproxy_kerberos_tokens_total')})",
+                    "tokens {{event}}",
+                ),
+            ],
+            "cps",
+            width=8,
+        ),
+        timeseries(
+            "Keytab login: time left",
+            "Seconds until each proxy's Kerberos login (its TGT) expires; it logs in again "
+            "before, so this saw-tooths and never reaches 0 "
+            "(hmsproxy_kerberos_login_expiry_timestamp_seconds).",
+            [
+                target(
+                    "max by (instance) (hmsproxy_kerberos_login_expiry_timestamp_seconds"
+                    + sel()
+                    + " > 0) - time()",
+                    "{{instance}}",
+                )
+            ],
+            "s",
+            width=8,
+        ),
+    ]
+
+
 ROWS = [
     ("Overview", overview),
     ("Cache", cache),
@@ -690,6 +744,7 @@ ROWS = [
     ("Invalidation and notification log", invalidation),
     ("Clients", clients),
     ("File listings", listings),
+    ("Kerberos", kerberos),
 ]
 
 
