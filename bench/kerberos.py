@@ -32,7 +32,7 @@ from bench.common import p50, percentile
 from proxy import idl
 from tests.rig.hms import MetastoreServer
 from tests.rig.kdc import Realm
-from tests.rig.proxy_process import ProxyProcess
+from tests.rig.proxy_process import ProxyProcess, kerberos_options
 from tests.rig.sample import storage_descriptor, table
 from tests.rig.sasl_client import KerberosConnection
 
@@ -82,17 +82,10 @@ def row(name: str, d: list[float], p: list[float]) -> str:
 
 
 def start_proxy(workdir: Path, realm: Realm, hms: MetastoreServer) -> ProxyProcess:
+    options = kerberos_options(realm, hms)
     return ProxyProcess(
-        workdir,
-        hms.uri,
-        "--client-auth", "kerberos",
-        "--kerberos-principal", realm.principal("proxy/localhost"),
-        "--kerberos-keytab", str(realm.keytab("proxy/localhost")),
-        "--upstream-auth", "kerberos",
-        "--upstream-principal", hms.principal,
-        "--sasl-qop", "authentication,integrity,privacy",
-        "--log-level", "warning",
-        env=realm.env,
+        workdir, hms.uri, *options, "--sasl-qop", "authentication,integrity,privacy",
+        "--log-level", "warning", env=realm.env,
     ).start()  # fmt: skip
 
 

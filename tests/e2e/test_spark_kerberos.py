@@ -16,7 +16,7 @@ import pytest
 from tests.rig import spark
 from tests.rig.hms import MetastoreServer
 from tests.rig.kdc import Realm
-from tests.rig.proxy_process import ProxyProcess
+from tests.rig.proxy_process import ProxyProcess, kerberos_options
 
 pytestmark = [pytest.mark.hms, pytest.mark.spark]
 
@@ -30,21 +30,9 @@ def result_of(out: str) -> dict[str, object]:
 def test_spark_as_two_users_through_the_proxy(
     tmp_path: Path, realm: Realm, kerberos_hms: MetastoreServer
 ) -> None:
+    options = kerberos_options(realm, kerberos_hms)
     proxy = ProxyProcess(
-        tmp_path,
-        kerberos_hms.uri,
-        "--client-auth",
-        "kerberos",
-        "--kerberos-principal",
-        realm.principal("proxy/localhost"),
-        "--kerberos-keytab",
-        str(realm.keytab("proxy/localhost")),
-        "--upstream-auth",
-        "kerberos",
-        "--upstream-principal",
-        f"hive/_HOST@{realm.name}",
-        "--sasl-qop",
-        "authentication,privacy",
+        tmp_path, kerberos_hms.uri, *options, "--sasl-qop", "authentication,privacy"
     ).start()
     try:
         uri = f"thrift://localhost:{proxy.port}"  # _HOST in the principal becomes localhost

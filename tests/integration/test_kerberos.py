@@ -22,7 +22,7 @@ from proxy.sasl.layer import SaslError
 from proxy.sasl.negotiation import Status, encode
 from tests.rig.hms import MetastoreServer
 from tests.rig.kdc import Realm
-from tests.rig.proxy_process import ProxyProcess
+from tests.rig.proxy_process import ProxyProcess, kerberos_options
 from tests.rig.sasl_client import KerberosConnection, SaslRefused
 from tests.rig.token_client import TokenConnection
 from tests.rig.waiting import eventually
@@ -56,21 +56,7 @@ def kerberos_proxy(tmp_path: Path, realm: Realm) -> Iterator[ProxyMaker]:
     started: list[ProxyProcess] = []
 
     def make(hms: MetastoreServer, *args: str, principal: str = "proxy/localhost") -> ProxyProcess:
-        options = [
-            "--client-auth",
-            "kerberos",
-            "--kerberos-principal",
-            realm.principal(principal),
-            "--kerberos-keytab",
-            str(realm.add_service(principal)),
-        ]
-        if hms.kerberos is not None:
-            options += [
-                "--upstream-auth",
-                "kerberos",
-                "--upstream-principal",
-                f"hive/_HOST@{realm.name}",
-            ]
+        options = kerberos_options(realm, hms, principal=principal)
         proxy = ProxyProcess(tmp_path, hms.uri, *options, *args).start()
         started.append(proxy)
         return proxy
@@ -206,19 +192,9 @@ def test_an_expired_ticket_is_refused(
     with Realm(tmp_path / "short", ticket_lifetime=3) as short:
         for key, value in short.env.items():
             monkeypatch.setenv(key, value)
-        keytab = short.add_service("proxy/localhost")
+        short.add_service("proxy/localhost")
         short.add_user("carol", "carol-pw")
-        proxy = ProxyProcess(
-            tmp_path,
-            hms.uri,
-            "--client-auth",
-            "kerberos",
-            "--kerberos-principal",
-            short.principal("proxy/localhost"),
-            "--kerberos-keytab",
-            str(keytab),
-            env=short.env,
-        ).start()
+        proxy = ProxyProcess(tmp_path, hms.uri, *kerberos_options(short), env=short.env).start()
         try:
             ccache = short.kinit("carol")
             with KerberosConnection(
@@ -330,16 +306,7 @@ def test_the_proxy_logs_in_again_before_its_ticket_expires(
             proxy = ProxyProcess(
                 tmp_path,
                 hms.uri,
-                "--client-auth",
-                "kerberos",
-                "--kerberos-principal",
-                short.principal("proxy/localhost"),
-                "--kerberos-keytab",
-                str(short.keytab("proxy/localhost")),
-                "--upstream-auth",
-                "kerberos",
-                "--upstream-principal",
-                hms.principal,
+                *kerberos_options(short, hms),
                 "--upstream-identity",
                 "proxy",
                 # Every call on a new metastore connection: each one asks for a ticket.

@@ -8,10 +8,15 @@ import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.rig.ports import free_ports, wait_for_port
+
+if TYPE_CHECKING:
+    from tests.rig.hms import MetastoreServer
+    from tests.rig.kdc import Realm
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,3 +116,25 @@ class ProxyProcess:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
         raise RuntimeError("no VmRSS")
+
+
+def kerberos_options(
+    realm: Realm, upstream: MetastoreServer | None = None, *, principal: str = "proxy/localhost"
+) -> list[str]:
+    """The options of a proxy that authenticates engines as ``principal`` of ``realm`` and,
+    when ``upstream`` is a Kerberized metastore, reaches it over SASL too (naming its
+    principal with ``_HOST``, as engines do: the proxy makes it the host of ``--upstream``)."""
+    options = [
+        "--client-auth", "kerberos",
+        "--kerberos-principal", realm.principal(principal),
+        "--kerberos-keytab", str(realm.add_service(principal)),
+    ]  # fmt: skip
+    if upstream is not None and upstream.kerberos is not None:
+        service = upstream.principal.split("/")[0]
+        options += [
+            "--upstream-auth",
+            "kerberos",
+            "--upstream-principal",
+            f"{service}/_HOST@{realm.name}",
+        ]
+    return options
