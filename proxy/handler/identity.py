@@ -4,7 +4,6 @@ for which the client keeps a connection of its own (see :mod:`proxy.upstream.poo
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from proxy import idl
@@ -91,14 +90,13 @@ class Identities:
         """``get_delegation_token`` from an authenticated engine (Trino with impersonation,
         HiveServer2, Spark submitting to a cluster).
 
-        The HMS issues tokens only on Kerberos connections, and an end user's pooled
-        connection is a token (DIGEST-MD5) one, so the call goes out on the proxy's own
-        Kerberos connection, where the HMS sees the proxy asking on the owner's behalf. The
-        proxy may impersonate anyone there, so it first checks what the HMS would check of a
-        direct caller: one may ask only for a token of one's own. An engine that itself came
-        with a token is refused by the HMS, as it would be directly.
+        When calls run as their engine's user (``--upstream-identity end-user``) it goes out
+        like any call, as the engine's user, and the HMS decides what it decides for a direct
+        caller: one's own token, or another's with ``hadoop.proxyuser`` rights (Trino's
+        impersonation). When every call runs as the proxy, which may impersonate anyone, the
+        HMS cannot tell who asks: the proxy then allows only a token of the engine's own.
         """
-        if session.user is None or session.mechanism != "GSSAPI":
+        if session.identity is not None:
             return await self.forwarder.forward(session, message, client)
         try:
             owner = idl.decode_args("get_delegation_token", message.body).token_owner
@@ -111,8 +109,7 @@ class Identities:
             reply = encode_header(header.name, MessageType.REPLY, header.seqid) + idl.encode(result)
             await client.send(client.transport.frame(reply))
             return "user_error"
-        as_proxy = replace(session, identity=None, pinned=None)
-        return await self.forwarder.forward(as_proxy, message, client)
+        return await self.forwarder.forward(session, message, client)
 
     def end_session(self, session: SessionState) -> None:
         if session.pinned is not None:

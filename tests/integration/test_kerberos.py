@@ -230,17 +230,13 @@ def test_an_expired_ticket_is_refused(
 def test_delegation_token_engines_work_through_the_proxy(
     realm: Realm, kerberos_hms: MetastoreServer, kerberos_proxy: ProxyMaker
 ) -> None:
-    """As Trino with impersonation: a token fetched through the proxy over Kerberos, then
-    DIGEST-MD5 connections with it, whose calls run as the token's owner."""
+    """A token fetched through the proxy over Kerberos, then DIGEST-MD5 connections with it,
+    whose calls run as the token's owner; renewal and cancellation by the owner."""
     proxy = kerberos_proxy(kerberos_hms)
     with engine(realm, "alice", proxy) as alice:
-        token = call(
-            alice,
-            "get_delegation_token",
-            token_owner="alice",
-            renewer_kerberos_principal_name="alice",
-        ).success
+        token = own_token(alice, "alice")
         assert token
+        # The HMS judges what alice may ask for, as it would directly: not bob's token.
         refused = call(
             alice,
             "get_delegation_token",
@@ -248,21 +244,11 @@ def test_delegation_token_engines_work_through_the_proxy(
             renewer_kerberos_principal_name="alice",
         )
         assert refused.success is None and "not allowed to impersonate bob" in refused.o1.message
-        assert (
-            call(alice, "renew_delegation_token", token_str_form=token).success > time.time() * 1000
-        )
+        renewed = call(alice, "renew_delegation_token", token_str_form=token)
+        assert renewed.success > time.time() * 1000
     with TokenConnection.connect("localhost", proxy.port, token) as tokened:
         call(tokened, "create_database", database=database("k_token", kerberos_hms.warehouse))
         assert call(tokened, "get_database", name="k_token").success.name == "k_token"
-        # Its calls are the owner's in every respect: HMS 2.3 issues a token-authenticated
-        # caller a token of its own too, through the proxy as directly.
-        again = call(
-            tokened,
-            "get_delegation_token",
-            token_owner="alice",
-            renewer_kerberos_principal_name="alice",
-        )
-        assert again.success
     assert callers(kerberos_hms, "CREATE_DATABASE", "k_token") == ["alice"]
     assert proxy.metric("hmsproxy_client_auth_total", mechanism="digest-md5", result="ok") == 1
     with engine(realm, "alice", proxy) as alice:
@@ -270,6 +256,48 @@ def test_delegation_token_engines_work_through_the_proxy(
     with pytest.raises(SaslError, match=r"BAD|ERROR"):
         TokenConnection.connect("localhost", proxy.port, token)
     assert proxy.metric("hmsproxy_client_auth_total", mechanism="digest-md5", result="failed") == 1
+
+
+def own_token(conn: Any, user: str, owner: str | None = None) -> Any:
+    return call(
+        conn,
+        "get_delegation_token",
+        token_owner=owner or user,
+        renewer_kerberos_principal_name=user,
+    ).success
+
+
+def test_trino_impersonation_through_the_proxy(
+    realm: Realm, kerberos_hms: MetastoreServer, kerberos_proxy: ProxyMaker
+) -> None:
+    """Trino with hive.metastore.thrift.impersonation.enabled: authenticated as trino (which
+    the HMS lets act for others: hadoop.proxyuser.trino), it asks for each end user's token,
+    get_delegation_token(user, user), then connects with it: calls run as the end user."""
+    realm.add_user("trino", "trino-pw")
+    proxy = kerberos_proxy(kerberos_hms)
+    with engine(realm, "trino", proxy) as trino:
+        token = own_token(trino, "bob", owner="bob")
+        assert token
+    with TokenConnection.connect("localhost", proxy.port, token) as as_bob:
+        call(as_bob, "create_database", database=database("k_impersonated", kerberos_hms.warehouse))
+    assert callers(kerberos_hms, "CREATE_DATABASE", "k_impersonated") == ["bob"]
+
+
+def test_with_every_call_as_the_proxy_an_engine_gets_only_its_own_token(
+    realm: Realm, kerberos_hms: MetastoreServer, kerberos_proxy: ProxyMaker
+) -> None:
+    """--upstream-identity proxy: the HMS sees only the proxy, which may impersonate anyone,
+    so the proxy itself refuses a token of another user (in the HMS's words)."""
+    proxy = kerberos_proxy(kerberos_hms, "--upstream-identity", "proxy")
+    with engine(realm, "alice", proxy) as alice:
+        assert own_token(alice, "alice")
+        refused = call(
+            alice,
+            "get_delegation_token",
+            token_owner="bob",
+            renewer_kerberos_principal_name="alice",
+        )
+        assert refused.o1.message == "User: alice is not allowed to impersonate bob"
 
 
 def test_tokens_are_fetched_again_when_the_metastore_forgets_them(

@@ -116,15 +116,17 @@ class MetastoreServer(Service):
     def _core_site(self) -> dict[str, str]:
         """Hadoop's side of secure mode: the login user comes from the keytab, the SASL
         QOP from ``hadoop.rpc.protection``, and ``proxy`` (the proxy's principal's short
-        name) may act for any user from any host: get_delegation_token(user, ...) for
-        another user needs it."""
+        name) and ``trino`` (an engine with impersonation, as Trino's) may act for any user
+        from any host: get_delegation_token(user, ...) for another user needs it."""
+        rights = {
+            f"hadoop.proxyuser.{who}.{what}": "*"
+            for who in ("proxy", "trino")
+            for what in ("hosts", "groups", "users")
+        }
         return {
             "hadoop.security.authentication": "kerberos",
             "hadoop.rpc.protection": self.protection,
-            "hadoop.proxyuser.proxy.hosts": "*",
-            "hadoop.proxyuser.proxy.groups": "*",
-            "hadoop.proxyuser.proxy.users": "*",
-        }
+        } | rights
 
     def _site(self) -> dict[str, str]:
         tls = {}
