@@ -7,6 +7,13 @@ build is reproduced: the files the build stage copies (after ``.dockerignore``, 
 Docker matches it) are laid out in a scratch directory, the wheel is built there as the build
 stage builds it, and that wheel runs in a virtual environment that sees nothing but itself and
 the runtime dependencies, where the HEALTHCHECK command is run against a live proxy.
+
+The image carries the extra ``[kerberos]``: gssapi is compiled in the build stage against MIT
+krb5 (libkrb5-dev), and the runtime stage installs only the shared libraries its modules load,
+which is checked against what the gssapi installed with the tests links (Debian's package
+database of this machine, the base image's release). The emulated environment holds the
+extra's packages too, and the proxy in it logs in from a keytab of a real KDC and serves
+engines of a Kerberized metastore.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import subprocess
 import sys
 import time
 import tomllib
+import urllib.error
+import urllib.request
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,10 +45,12 @@ from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from proxy import config
+from proxy import config, idl
 from proxy.admin.server import READINESS
 from tests.rig.hms import MetastoreServer
+from tests.rig.kdc import Realm
 from tests.rig.ports import free_port, free_ports, wait_for_port
+from tests.rig.sasl_client import KerberosConnection
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "deploy" / "docker" / "Dockerfile"
@@ -47,10 +58,9 @@ DOCKERIGNORE = REPO / ".dockerignore"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
-# What compiles or fetches build inputs; none of it belongs in the image that runs.
+# What compiles or fetches build inputs; none of it belongs in the image that runs. (apt-get
+# may run there, for RUNTIME_PACKAGES only: see the runtime stage's tests.)
 BUILD_TOOLS = {
-    "apt",
-    "apt-get",
     "build-essential",
     "cc",
     "clang",
@@ -58,11 +68,28 @@ BUILD_TOOLS = {
     "g++",
     "gcc",
     "libc6-dev",
+    "libkrb5-dev",
+    "krb5-multidev",
     "make",
     "pip",
     "pip3",
     "python3-dev",
 }
+# The project's extras the image carries: one image for plain and Kerberized metastores.
+IMAGE_EXTRAS = {"kerberos"}
+# Debian packages the runtime stage may install: the shared libraries gssapi's modules load
+# (libgssapi-krb5-2 and what it depends on). No headers, no krb5-user (kinit, klist), no
+# krb5-config (/etc/krb5.conf): the proxy reads a mounted krb5.conf and keytab.
+RUNTIME_PACKAGES = {
+    "libgssapi-krb5-2",
+    "libkrb5-3",
+    "libk5crypto3",
+    "libkrb5support0",
+    "libkeyutils1",
+    "libcom-err2",
+}
+# The build stage compiles gssapi against these (headers, libraries, krb5-config).
+KERBEROS_BUILD_PACKAGES = {"libkrb5-dev"}
 
 
 # --- the Dockerfile ---------------------------------------------------------------------------
@@ -127,6 +154,70 @@ def flags(value: str) -> dict[str, str]:
             break
         key, _, flag_value = word[2:].partition("=")
         out[key] = flag_value
+    return out
+
+
+def shell_commands(value: str) -> list[list[str]]:
+    """A RUN's commands (split at ``&&`` and ``;``), each as argv."""
+    return [argv for part in re.split(r"&&|;", value) if (argv := shlex.split(part))]
+
+
+def apt_packages(stage: Stage) -> set[str]:
+    """The packages the stage's ``apt-get install`` commands name."""
+    out: set[str] = set()
+    for instruction in stage.all("RUN"):
+        for argv in shell_commands(instruction.value):
+            if argv[:2] == ["apt-get", "install"]:
+                out |= {w for w in argv[2:] if not w.startswith("-")}
+    return out
+
+
+PROJECT = re.compile(r"hms[-_]cache[-_]proxy(?:\[([^\]]*)\])?")
+
+
+def installed_extras() -> set[str]:
+    """The project's extras in the build stage's ``pip install``."""
+    extras: set[str] = set()
+    for instruction in build_stage().all("RUN"):
+        for argv in shell_commands(instruction.value):
+            if "pip" in argv and "install" in argv:
+                for word in argv[argv.index("install") + 1 :]:
+                    match = PROJECT.fullmatch(word)
+                    if match and match.group(1):
+                        extras |= {e.strip() for e in match.group(1).split(",")}
+    return extras
+
+
+def wheel_extras() -> set[str]:
+    """The extras of the build stage's ``pip wheel`` of the dependencies (the one without
+    --no-deps: the project's wheel, as ``"$1[extra,...]"``)."""
+    extras: set[str] = set()
+    for instruction in build_stage().all("RUN"):
+        for argv in shell_commands(instruction.value):
+            if argv[:2] == ["pip", "wheel"] and "--no-deps" not in argv:
+                for word in positional(argv[2:]):
+                    match = re.fullmatch(r"\S+\[([^\]]*)\]", word)
+                    if match:
+                        extras |= {e.strip() for e in match.group(1).split(",")}
+    return extras
+
+
+def smoke_test() -> str:
+    """The Python code the build stage's smoke test runs (``python -I -c CODE``)."""
+    for instruction in build_stage().all("RUN"):
+        for argv in shell_commands(instruction.value):
+            if argv[0].endswith("/python") and argv[1:3] == ["-I", "-c"]:
+                return argv[3]
+    raise AssertionError("the build stage has no `python -I -c` smoke test")
+
+
+def imported_modules(code: str) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
     return out
 
 
@@ -381,6 +472,7 @@ def test_the_runtime_stage_has_no_build_tools() -> None:
     for instruction in final.all("RUN"):
         words = set(re.split(r"[\s;&|()]+", instruction.value))
         assert not words & BUILD_TOOLS, f"RUN {instruction.value}: {words & BUILD_TOOLS}"
+        assert not {w for w in words if w.endswith("-dev")}, f"RUN {instruction.value}: headers"
     build = build_stage()
     build_inputs = {i.workdir for i in build.instructions if i.name == "COPY"}
     for instruction in final.all("COPY"):
@@ -395,13 +487,120 @@ def test_the_runtime_stage_has_no_build_tools() -> None:
                 )
 
 
+def test_the_runtime_stage_installs_only_the_kerberos_libraries() -> None:
+    """apt-get in the last stage: update, install the libraries without recommends, remove
+    the lists, in one RUN (one layer, no package lists left in the image)."""
+    final = stages()[-1]
+    installed = apt_packages(final)
+    assert installed, "the runtime stage installs no library for gssapi"
+    assert installed <= RUNTIME_PACKAGES, sorted(installed - RUNTIME_PACKAGES)
+    assert "libgssapi-krb5-2" in installed  # gssapi's modules link libgssapi_krb5.so.2
+    for instruction in final.all("RUN"):
+        commands = shell_commands(instruction.value)
+        if not any(argv[0] in ("apt", "apt-get", "dpkg") for argv in commands):
+            continue
+        assert commands[0] == ["apt-get", "update"], instruction.value
+        assert commands[-1] == ["rm", "-rf", "/var/lib/apt/lists/*"], instruction.value
+        for argv in commands[1:-1]:
+            assert argv[:2] == ["apt-get", "install"], f"{instruction.value}: {shlex.join(argv)}"
+            assert "-y" in argv and "--no-install-recommends" in argv, shlex.join(argv)
+
+
+def test_the_build_stage_compiles_gssapi_against_mit_krb5() -> None:
+    build = build_stage()
+    assert apt_packages(build) >= KERBEROS_BUILD_PACKAGES, "no MIT krb5 headers to build gssapi"
+    assert {"gcc", "libc6-dev"} <= apt_packages(build)
+    for instruction in build.all("RUN"):
+        if "apt-get" in instruction.value:
+            assert "--no-install-recommends" in instruction.value, instruction.value
+            assert "rm -rf /var/lib/apt/lists/*" in instruction.value, instruction.value
+    # The build stage's smoke test imports gssapi: the compiled modules load the libraries.
+    assert {"gssapi", "proxy.app", "proxy.wire._scanner"} <= imported_modules(smoke_test())
+
+
+def debian_release() -> str:
+    os_release = Path("/etc/os-release")
+    fields = (
+        dict(line.split("=", 1) for line in os_release.read_text().splitlines() if "=" in line)
+        if os_release.exists()
+        else {}
+    )
+    return f"{fields.get('ID', '')}:{fields.get('VERSION_CODENAME', '').strip(chr(34))}"
+
+
+def dpkg(*argv: str) -> str:
+    result = subprocess.run(["dpkg-query", *argv], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def dependency_closure(packages: set[str]) -> set[str]:
+    """The installed packages ``packages`` need (Depends and Pre-Depends, recursively)."""
+    seen: set[str] = set()
+    todo = list(packages)
+    while todo:
+        package = todo.pop()
+        if package in seen:
+            continue
+        seen.add(package)
+        fields = dpkg("-W", "-f", "${Depends}, ${Pre-Depends}", package)
+        for alternative in fields.split(","):
+            name = alternative.split("|")[0].split("(")[0].strip().split(":")[0]
+            if name:
+                todo.append(name)
+    return seen
+
+
+def test_the_runtime_libraries_are_what_gssapi_links() -> None:
+    """Every shared library the compiled gssapi loads comes from a package of the runtime
+    stage or one they depend on (or libc6, the base image's)."""
+    release = stages()[-1].image.partition("@")[0].rsplit("-", 1)[-1]
+    if debian_release() != f"debian:{release}" or shutil.which("dpkg-query") is None:
+        pytest.skip(f"this machine is not Debian {release}, the base image's release")
+    import gssapi
+
+    modules = sorted(Path(gssapi.__file__).parent.rglob("*.so"))
+    assert modules, "gssapi has no compiled modules"
+    linked: set[str] = set()
+    for module in modules:
+        ldd = subprocess.run(["ldd", str(module)], capture_output=True, text=True, timeout=30)
+        assert ldd.returncode == 0, ldd.stderr
+        for line in ldd.stdout.splitlines():
+            match = re.search(r"=>\s+(/\S+)", line)
+            if match:
+                linked.add(os.path.realpath(match.group(1)))
+    owners: dict[str, str] = {}
+    for library in sorted(linked):
+        found = subprocess.run(["dpkg", "-S", library], capture_output=True, text=True)
+        if found.returncode != 0:  # /lib -> /usr/lib: dpkg knows one of the two spellings
+            found = subprocess.run(
+                ["dpkg", "-S", library.replace("/usr/lib/", "/lib/", 1)],
+                capture_output=True,
+                text=True,
+            )
+        assert found.returncode == 0, f"{library}: no Debian package owns it"
+        owners[library] = found.stdout.split(":", 1)[0].strip()
+    assert "libgssapi-krb5-2" in owners.values(), owners
+    provided = dependency_closure(apt_packages(stages()[-1])) | {"libc6"}
+    missing = {lib: owner for lib, owner in owners.items() if owner not in provided}
+    assert not missing, f"gssapi loads libraries the runtime stage does not install: {missing}"
+
+
 def test_only_the_runtime_dependencies_go_into_the_environment() -> None:
     runs = [i.value for i in build_stage().all("RUN")]
     installs = [r for r in runs if re.search(r"\bpip\b.*\binstall\b", r)]
     assert installs, "the build stage installs nothing"
     for run in installs:
         assert "--no-index" in run, f"{run}: an install that may fetch more than the wheels"
-        assert not re.search(r"hms[-_]cache[-_]proxy\[", run), f"{run}: extras stay out"
+    # The image's extras and no other: the test and rig extras (pytest, pyspark) stay out.
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert installed_extras() == IMAGE_EXTRAS, installed_extras()
+    assert set(extras) >= IMAGE_EXTRAS and not IMAGE_EXTRAS & {"test", "rig"}
+    for extra in IMAGE_EXTRAS:
+        names = {canonicalize_name(Requirement(r).name) for r in extras[extra]}
+        assert "hms-cache-proxy" not in names, f"[{extra}] must not pull in other extras"
+    # The install takes wheels only (--no-index): every one of them was built before it.
+    assert wheel_extras() == installed_extras(), "the extras' wheels are not built"
 
 
 def test_the_ports_are_the_proxy_defaults() -> None:
@@ -641,9 +840,12 @@ def test_the_wheel_declares_the_runtime_dependencies_and_the_console_script(
 
 
 def runtime_distributions() -> list[importlib.metadata.Distribution]:
-    """The project's runtime dependencies and theirs, as installed with the tests."""
+    """The project's runtime dependencies with those of the image's extras, and theirs, as
+    installed with the tests."""
     found: dict[str, importlib.metadata.Distribution] = {}
     todo = [Requirement(r) for r in PYPROJECT["project"]["dependencies"]]
+    for extra in sorted(installed_extras()):
+        todo += [Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"][extra]]
     while todo:
         requirement = todo.pop()
         name = canonicalize_name(requirement.name)
@@ -747,6 +949,7 @@ def test_the_console_script_runs_from_the_wheel(runtime: Runtime) -> None:
 PROBE = """
 import importlib.metadata, importlib.util, json, sys
 import proxy, proxy.app, proxy.wire._scanner, proxy.admin._gen.admin_pb2_grpc, grpc_health.v1
+import proxy.auth, gssapi, gssapi.raw
 from proxy import idl
 absent = [n for n in sys.argv[1:] if importlib.util.find_spec(n) is None]
 print(json.dumps({
@@ -754,6 +957,8 @@ print(json.dumps({
     "scanner": proxy.wire._scanner.__file__,
     "idl": str(idl.idl_dir()),
     "methods": len(idl.method_names()),
+    "gssapi": gssapi.__file__,
+    "krb5": hasattr(gssapi.raw, "acquire_cred_from"),
     "absent": absent,
 }))
 """
@@ -788,7 +993,16 @@ def test_the_package_runs_from_the_wheel_alone(runtime: Runtime) -> None:
     assert Path(probe["scanner"]).name.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
     assert Path(probe["idl"]) == package / "_idl"
     assert probe["methods"] > 100
+    # The extra [kerberos]: gssapi from the runtime dependencies, with the credential-store
+    # extension (keytab logins without kinit) that MIT krb5 gives it.
+    assert Path(probe["gssapi"]).is_relative_to(runtime.venv.parent / "runtime-deps")
+    assert probe["krb5"], "gssapi without acquire_cred_from: not built against MIT krb5"
     assert probe["absent"] == test_only, "test dependencies are visible to the runtime"
+
+
+def test_the_build_stage_smoke_test_passes_in_the_runtime_environment(runtime: Runtime) -> None:
+    result = runtime.run(str(runtime.bin / "python"), "-I", "-c", smoke_test())
+    assert result.returncode == 0, result.stderr
 
 
 # --- the HEALTHCHECK, run against the proxy -----------------------------------------------------
@@ -799,9 +1013,20 @@ class RunningProxy:
     process: subprocess.Popen[bytes]
     env: dict[str, str]
     log: Path
+    port: int
+    metrics_port: int
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def readyz(self) -> tuple[int, str]:
+        """/readyz on the metrics port: the status and the checks (``name=value`` lines)."""
+        url = f"http://127.0.0.1:{self.metrics_port}/readyz"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as reply:
+                return reply.status, reply.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
 
 
 StartProxy = Callable[..., RunningProxy]
@@ -812,9 +1037,14 @@ def start_proxy(runtime: Runtime, tmp_path: Path) -> Iterator[StartProxy]:
     """The proxy as the image starts it: ENTRYPOINT + CMD, the image's environment, flags."""
     started: list[RunningProxy] = []
 
-    def start(upstream: str, *, admin_host: str = "127.0.0.1") -> RunningProxy:
+    def start(
+        upstream: str,
+        *args: str,
+        admin_host: str = "127.0.0.1",
+        extra_env: dict[str, str] | None = None,
+    ) -> RunningProxy:
         admin_port, port, metrics_port = free_ports(3)
-        env = dict(runtime.env)
+        env = dict(runtime.env) | (extra_env or {})
         env[config.env_name("admin_listen")] = f"{admin_host}:{admin_port}"
         if not config.is_loopback(admin_host):
             token = tmp_path / f"token-{admin_port}"
@@ -828,13 +1058,13 @@ def start_proxy(runtime: Runtime, tmp_path: Path) -> Iterator[StartProxy]:
         log = tmp_path / f"proxy-{admin_port}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
-                [executable, *entrypoint[1:], *command, "--upstream", upstream, *listen],
+                [executable, *entrypoint[1:], *command, "--upstream", upstream, *listen, *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=runtime.workdir,
                 env=env,
             )
-        proxy = RunningProxy(process, env, log)
+        proxy = RunningProxy(process, env, log, port, metrics_port)
         started.append(proxy)
         try:
             wait_for_port(admin_port, 30, alive=lambda: process.poll() is None)
@@ -902,5 +1132,77 @@ def test_the_healthcheck_passes_once_ready_with_the_admin_port_open(
         assert time.monotonic() < deadline, f"never healthy: {result.stderr}\n{proxy.output()}"
         time.sleep(0.5)
     assert result.stderr == ""
+    proxy.process.send_signal(signal.SIGTERM)
+    assert proxy.process.wait(60) == 0, proxy.output()
+
+
+# --- Kerberos, from the image's environment -----------------------------------------------------
+
+
+def kerberos_flags(realm: Realm, *, upstream: bool) -> list[str]:
+    """The proxy as proxy/localhost, from its keytab; towards a Kerberized metastore too."""
+    flags = [
+        "--client-auth",
+        "kerberos",
+        "--kerberos-principal",
+        realm.principal("proxy/localhost"),
+        "--kerberos-keytab",
+        str(realm.keytab("proxy/localhost")),
+    ]
+    if upstream:
+        flags += ["--upstream-auth", "kerberos", "--upstream-principal", f"hive/_HOST@{realm.name}"]
+    return flags
+
+
+def checks(body: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in body.splitlines() if "=" in line)
+
+
+def test_the_image_logs_in_from_a_keytab_without_kinit(
+    runtime: Runtime, start_proxy: StartProxy, realm: Realm
+) -> None:
+    """gssapi of the image's environment: a keytab login at a real KDC (no ticket cache, no
+    kinit; KRB5_CONFIG only), reported as readiness's check `kerberos`."""
+    proxy = start_proxy(
+        f"thrift://localhost:{free_port()}",
+        *kerberos_flags(realm, upstream=True),
+        extra_env=realm.env,
+    )
+    deadline = time.monotonic() + 30
+    while "kerberos" not in checks((ready := proxy.readyz())[1]):
+        assert proxy.process.poll() is None, proxy.output()
+        assert time.monotonic() < deadline, f"no kerberos check: {ready}\n{proxy.output()}"
+        time.sleep(0.2)
+    status, body = ready
+    assert status == 503, body  # the metastore is not there ...
+    assert checks(body)["kerberos"] == "ok", body  # ... but the login is
+    assert checks(body)["metastore"] == "down", body
+    assert "logged in as proxy/localhost@" in proxy.output()
+    # The HEALTHCHECK says not ready, without breaking.
+    assert (run_healthcheck(runtime, proxy.env).returncode, proxy.process.poll()) == (1, None)
+
+
+@pytest.mark.hms
+def test_the_image_serves_engines_of_a_kerberized_metastore(
+    runtime: Runtime, start_proxy: StartProxy, realm: Realm, kerberos_hms: MetastoreServer
+) -> None:
+    """The HEALTHCHECK passes against a Kerberized metastore, and an engine authenticated
+    with GSSAPI is served as itself."""
+    proxy = start_proxy(
+        kerberos_hms.uri, *kerberos_flags(realm, upstream=True), extra_env=realm.env
+    )
+    deadline = time.monotonic() + 60
+    while (result := run_healthcheck(runtime, proxy.env)).returncode != 0:
+        assert proxy.process.poll() is None, proxy.output()
+        assert time.monotonic() < deadline, f"never healthy: {result.stderr}\n{proxy.output()}"
+        time.sleep(0.5)
+    status, body = proxy.readyz()
+    assert (status, checks(body)["kerberos"]) == (200, "ok"), body
+    with KerberosConnection(
+        "localhost", proxy.port, service="proxy", ccache=realm.kinit("alice")
+    ) as alice:
+        method = "get_all_databases"
+        reply = alice.call(idl.encode_call(method, 1))
+        assert "default" in idl.decode_result(method, reply[12 + len(method) :]).success
     proxy.process.send_signal(signal.SIGTERM)
     assert proxy.process.wait(60) == 0, proxy.output()
