@@ -7,7 +7,8 @@ proxy's configuration (the TOML in its ConfigMap, its flags and environment, the
 into it) and what ``proxy.config.load`` accepts; Services and the pods they select; the
 HorizontalPodAutoscaler, the PodDisruptionBudget and their Deployment; Trino's catalog and the
 sidecar's port; the Secrets the manifests use and the commands in docs/deploy.md that create
-them.
+them; with Kerberos, the krb5.conf, keytab and replay cache each proxy needs, and the
+principal engines reach it under.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ COMPONENTS = {
 # Renderings without a proxy in them: the common configuration, the Redis example.
 WITHOUT_PROXY = {"base", "redis"}
 # Renderings with a Trino coordinator and its proxy sidecar.
-WITH_TRINO = {"overlays/sidecar", "examples/sidecar-with-redis"}
+WITH_TRINO = {"overlays/sidecar", "examples/sidecar-with-redis", "examples/sidecar-kerberos"}
 RENDERINGS = sorted(KUSTOMIZATIONS)
 MANIFEST_FILES = sorted(
     path
@@ -672,6 +673,140 @@ def test_every_proxy_environment_variable_is_an_option() -> None:
         option = name.removeprefix(ENV_PREFIX).lower()
         where = f"{rel}: {container}: {name}"
         assert option in OPTION_NAMES or option == "config", f"{where} is not an option"
+
+
+# ---------------------------------------------------------------------------------------------
+# Kerberos.
+
+
+def krb5_conf(text: str) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """A krb5.conf's [libdefaults] and, per realm of [realms], its kdc entries."""
+    libdefaults: dict[str, str] = {}
+    realms: dict[str, list[str]] = {}
+    section, realm = "", None
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if re.fullmatch(r"\[\w+\]", line):
+            section = line[1:-1]
+            continue
+        if section == "realms" and line.endswith("{"):
+            realm = line.split("=", 1)[0].strip()
+            realms[realm] = []
+        elif section == "realms" and line == "}":
+            realm = None
+        elif "=" in line:
+            key, _, value = (part.strip() for part in line.partition("="))
+            if section == "libdefaults":
+                libdefaults[key] = value
+            elif section == "realms" and realm is not None and key == "kdc":
+                realms[realm].append(value)
+    return libdefaults, realms
+
+
+def mount_of(container: dict[str, Any], path: str) -> dict[str, Any]:
+    """The volume mount that holds ``path``."""
+    found = [
+        m
+        for m in container.get("volumeMounts", [])
+        if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")
+    ]
+    assert found, f"{container['name']}: {path} is on no mounted volume"
+    return max(found, key=lambda m: len(m["mountPath"]))
+
+
+def kerberized(rel: str) -> bool:
+    """Whether the kustomization includes components/kerberos."""
+    components = _kustomization(KUSTOMIZATIONS[rel]).get("components", [])
+    return any(Path(c).parts[-2:] == ("components", "kerberos") for c in components)
+
+
+@pytest.mark.parametrize("rel", RENDERINGS)
+def test_kerberos_proxies_have_their_realm_keytab_and_replay_cache(
+    rel: str, tmp_path: Path
+) -> None:
+    docs = docs_of(rel)
+    found = 0
+    for n, (pod, c) in enumerate(proxies(docs)):
+        root = tmp_path / str(n)
+        options = proxy_options(docs, pod, c, root)
+        client = options.client_auth == "kerberos"
+        if not (client or options.upstream_auth == "kerberos"):
+            continue
+        found += 1
+        where = f"{rel}: {c['name']}"
+        env = container_env(docs, c)
+        files = mounted_files(docs, pod, c)
+        principal = options.kerberos_principal
+        assert principal and options.kerberos_keytab, where
+        # The path in the container (proxy_options read it from under ``root``).
+        keytab = options.kerberos_keytab.removeprefix(str(root))
+        realm = principal.rpartition("@")[2]
+
+        # The realm: KRB5_CONFIG names a mounted krb5.conf whose default realm is the
+        # principal's, with its KDCs; no DNS guesses (rdns would turn names into pod names).
+        assert env.get("KRB5_CONFIG") in files, f"{where}: KRB5_CONFIG is not a mounted file"
+        libdefaults, realms = krb5_conf(files[env["KRB5_CONFIG"]])
+        assert libdefaults.get("default_realm") == realm, f"{where}: {libdefaults}"
+        assert realms.get(realm), f"{where}: krb5.conf has no KDC for {realm}"
+        upstream = options.upstream_principal or ""
+        if "@" in upstream:
+            assert upstream.rpartition("@")[2] in realms, f"{where}: {upstream}'s realm"
+        assert libdefaults.get("rdns") == "false", where
+        assert libdefaults.get("dns_canonicalize_hostname") == "false", where
+
+        # The keytab: a file of a Secret, read-only, readable by the proxy's group alone (the
+        # kubelet gives the pod's fsGroup read access; nothing for others, no writes).
+        mount = mount_of(c, keytab)
+        volume = {v["name"]: v for v in pod["spec"]["volumes"]}[mount["name"]]
+        assert "secret" in volume, f"{where}: the keytab is not from a Secret"
+        assert mount.get("readOnly") is True, where
+        assert keytab in files, f"{where}: no such key in the Secret"
+        [item] = [
+            i
+            for i in volume["secret"]["items"]
+            if f"{mount['mountPath'].rstrip('/')}/{i['path']}" == keytab
+        ]
+        mode = item.get("mode", volume["secret"].get("defaultMode", 0o644))
+        assert mode & 0o237 == 0, f"{where}: keytab mode {mode:o}"
+        assert pod["spec"]["securityContext"].get("fsGroup") == effective(pod, c, "runAsGroup")
+
+        # The replay cache of accepted tickets: MIT writes it under KRB5RCACHEDIR (default
+        # /var/tmp, on the read-only root); it must be the writable emptyDir.
+        if client:
+            rcache = env.get("KRB5RCACHEDIR")
+            assert rcache, f"{where}: no KRB5RCACHEDIR, and the root filesystem is read-only"
+            rcache_volume = {v["name"]: v for v in pod["spec"]["volumes"]}[
+                mount_of(c, rcache + "/rcache")["name"]
+            ]
+            assert "emptyDir" in rcache_volume, f"{where}: KRB5RCACHEDIR {rcache} not writable"
+
+        # The principal is spelled out: the proxy's _HOST would be the pod's name, which no
+        # engine connects to and which changes with every pod.
+        assert "_HOST" not in principal, f"{where}: {principal}"
+        if client:
+            # Engines write hive-proxy/_HOST@REALM and reach the proxy by its Service: the
+            # principal's host is that Service's name.
+            host = principal.partition("/")[2].rpartition("@")[0]
+            labels = pod["metadata"]["labels"]
+            services = [
+                name
+                for name, s in named(docs, "Service").items()
+                if matches(s["spec"].get("selector", {}), labels)
+            ]
+            assert services, f"{where}: engines authenticate to it, but no Service reaches it"
+            assert host.split(".")[0] in services, f"{where}: {host} is not its Service's name"
+            assert host.endswith(".svc.cluster.local"), f"{where}: {host}, not the Service's FQDN"
+    assert bool(found) == kerberized(rel), f"{rel}: {found} proxies with Kerberos"
+    if rel in ("examples/shared-kerberos", "examples/sidecar-kerberos"):
+        assert found, rel
+
+
+def test_a_kerberos_example_for_each_mode() -> None:
+    assert {"examples/shared-kerberos", "examples/sidecar-kerberos"} <= {
+        rel for rel in RENDERINGS if kerberized(rel)
+    }
 
 
 # ---------------------------------------------------------------------------------------------
