@@ -528,26 +528,42 @@ def debian_release() -> str:
     return f"{fields.get('ID', '')}:{fields.get('VERSION_CODENAME', '').strip(chr(34))}"
 
 
-def dpkg(*argv: str) -> str:
-    result = subprocess.run(["dpkg-query", *argv], capture_output=True, text=True, timeout=30)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+def dpkg_depends(package: str) -> list[list[str]] | None:
+    """An installed package's Depends and Pre-Depends, each a list of alternatives; None if
+    the package is not installed here."""
+    result = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${db:Status-Status}\t${Depends}, ${Pre-Depends}", package],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    status, _, fields = result.stdout.partition("\t")
+    if result.returncode != 0 or status != "installed":
+        return None
+    out = []
+    for entry in fields.split(","):
+        names = [a.split("(")[0].strip().split(":")[0] for a in entry.split("|")]
+        if any(names):
+            out.append([n for n in names if n])
+    return out
 
 
 def dependency_closure(packages: set[str]) -> set[str]:
-    """The installed packages ``packages`` need (Depends and Pre-Depends, recursively)."""
+    """The installed packages ``packages`` need (Depends and Pre-Depends, recursively; of
+    alternatives, those installed here)."""
     seen: set[str] = set()
     todo = list(packages)
     while todo:
         package = todo.pop()
         if package in seen:
             continue
+        depends = dpkg_depends(package)
+        assert depends is not None or package not in packages, f"{package} is not installed"
+        if depends is None:
+            continue
         seen.add(package)
-        fields = dpkg("-W", "-f", "${Depends}, ${Pre-Depends}", package)
-        for alternative in fields.split(","):
-            name = alternative.split("|")[0].split("(")[0].strip().split(":")[0]
-            if name:
-                todo.append(name)
+        for alternatives in depends:
+            todo += alternatives
     return seen
 
 
