@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from proxy.config import Options
 from proxy.metrics import Metrics
-from proxy.sasl.kerberos import KerberosLogin, realm_of
+from proxy.sasl.kerberos import KerberosLogin, off_loop, realm_of
 from proxy.sasl.layer import Qop, SaslError
 from proxy.sasl.server import SaslAcceptor
 from proxy.upstream import UpstreamPool
@@ -20,6 +20,8 @@ from proxy.upstream.tokens import TokenBroker
 
 log = logging.getLogger(__name__)
 
+# A login asks the KDC; one that does not answer in this long is tried again later.
+LOGIN_TIMEOUT = 30.0
 # How often the login is looked at; it is renewed well before it expires (kerberos.py).
 LOGIN_CHECK_SECONDS = 15.0
 # A request frame may exceed the request limit by the wrap token's own bytes only.
@@ -73,7 +75,13 @@ class Kerberos:
     async def start(self, metrics: Metrics) -> None:
         """Log in now (a bad keytab or an unknown principal fails here, in one line)."""
         if self.login.initiate:
-            await asyncio.to_thread(self.login.login)
+            try:
+                await off_loop(self.login.login, LOGIN_TIMEOUT)
+            except TimeoutError:
+                raise SaslError(
+                    f"Kerberos login as {self.login.principal}: no answer from the KDC in "
+                    f"{LOGIN_TIMEOUT:g} s"
+                ) from None
             metrics.kerberos_login_expiry.set(self.login.expires_at)
             log.info(
                 "Kerberos: logged in as %s from %s (ticket valid for %.0f s)",
@@ -91,9 +99,11 @@ class Kerberos:
             if not self.login.needs_login():
                 continue
             try:
-                await asyncio.to_thread(self.login.login)
+                await off_loop(lambda: self.login.login(force=False), LOGIN_TIMEOUT)
                 metrics.kerberos_login_expiry.set(self.login.expires_at)
                 log.info("Kerberos: logged in again as %s", self.login.principal)
+            except TimeoutError:
+                log.warning("Kerberos: no answer from the KDC in %g s; trying again", LOGIN_TIMEOUT)
             except SaslError as exc:
                 log.warning("Kerberos: %s", exc)
 

@@ -280,6 +280,7 @@ class _Session:
             self.reader, self.writer = authenticated.reader, authenticated.writer
             self.state.user = authenticated.user
             self.state.mechanism = authenticated.mechanism
+            self.state.principal = authenticated.principal
             self.state.identity = authenticated_identity(
                 authenticated.user,
                 end_user=self.options.upstream_identity == "end-user",

@@ -67,7 +67,7 @@ class CallHandler:
         try:
             if header.name == "set_ugi":
                 outcome = await self.identities.set_ugi(session, message, client)
-            elif header.name == "get_delegation_token" and session.user is not None:
+            elif header.name == "get_delegation_token":
                 outcome = await self.identities.delegation_token(session, message, client)
             elif spec is not None and spec.kind is Kind.SESSION:
                 outcome = await self.identities.pinned_call(session, message, client)

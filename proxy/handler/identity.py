@@ -42,9 +42,7 @@ class Identities:
     async def set_ugi(self, session: SessionState, message: Message, client: ClientChannel) -> str:
         """``set_ugi``: answer from a bound connection's reply, or bind a connection now."""
         if session.user is not None:
-            # The engine authenticated: set_ugi cannot change who its calls run as (a
-            # Kerberized HMS ignores it too). It goes to the metastore as the user, unbound.
-            return await self.forwarder.forward(session, message, client)
+            return await self._authenticated_set_ugi(message, client)
         identity = Identity(message.body)
         seqid = message.header.seqid
         if session.identity is None and session.pinned is None:
@@ -73,6 +71,28 @@ class Identities:
         await client.send(client.transport.frame(reply.data))
         return result_outcome(reply.header.type, reply.body[:3])
 
+    async def _authenticated_set_ugi(self, message: Message, client: ClientChannel) -> str:
+        """An authenticated engine's ``set_ugi`` changes nothing, as on a Kerberized HMS, and
+        never reaches the metastore: on a plain one it would bind a pooled connection (that
+        other users' calls then take) to whoever the engine named. It is answered as a
+        Kerberized HMS 2.3 answers it: success, the groups then the user."""
+        try:
+            args = idl.decode_args("set_ugi", message.body)
+            said = [*(args.group_names or []), args.user_name or ""]
+        except ProtocolError:
+            said = []
+        result = idl.result_class("set_ugi")(success=[str(s) for s in said])
+        await self._reply(client, message, result)
+        return "ok"
+
+    async def _reply(self, client: ClientChannel, message: Message, result: Any) -> None:
+        """A reply of the proxy's own making (the HMS's shape and words)."""
+        header = message.header
+        if header.type == MessageType.ONEWAY:
+            return
+        reply = encode_header(header.name, MessageType.REPLY, header.seqid) + idl.encode(result)
+        await client.send(client.transport.frame(reply))
+
     async def pinned_call(
         self, session: SessionState, message: Message, client: ClientChannel
     ) -> str:
@@ -96,18 +116,23 @@ class Identities:
         impersonation). When every call runs as the proxy, which may impersonate anyone, the
         HMS cannot tell who asks: the proxy then allows only a token of the engine's own.
         """
-        if session.identity is not None:
+        if session.identity is not None and session.user is not None:
             return await self.forwarder.forward(session, message, client)
+        if session.user is None:
+            if self.pool.auth is None:  # a plain metastore: it answers for itself
+                return await self.forwarder.forward(session, message, client)
+            # The call would run as the proxy, which may impersonate anyone, for an engine
+            # nobody authenticated.
+            text = "delegation tokens need an authenticated engine (--client-auth kerberos)"
+            await self._reply(client, message, _token_refusal(text))
+            return "user_error"
         try:
             owner = idl.decode_args("get_delegation_token", message.body).token_owner
         except ProtocolError:
             owner = None
-        if owner is None or owner.split("@")[0].split("/")[0] != session.user:
+        if not isinstance(owner, str) or owner not in (session.user, session.principal):
             text = f"User: {session.user} is not allowed to impersonate {owner}"
-            result = idl.result_class("get_delegation_token")(o1=_meta_exception(text))
-            header = message.header
-            reply = encode_header(header.name, MessageType.REPLY, header.seqid) + idl.encode(result)
-            await client.send(client.transport.frame(reply))
+            await self._reply(client, message, _token_refusal(text))
             return "user_error"
         return await self.forwarder.forward(session, message, client)
 
@@ -117,5 +142,5 @@ class Identities:
             session.pinned = None
 
 
-def _meta_exception(text: str) -> Any:
-    return idl.module().MetaException(message=text)
+def _token_refusal(text: str) -> Any:
+    return idl.result_class("get_delegation_token")(o1=idl.module().MetaException(message=text))

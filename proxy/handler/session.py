@@ -22,6 +22,7 @@ class SessionState:
     calls: int = 0
     user: str | None = None  # the user it authenticated as (SASL), if it did
     mechanism: str | None = None  # how: GSSAPI (Kerberos) or DIGEST-MD5 (a token)
+    principal: str | None = None  # its Kerberos principal, or its token's owner
 
     @property
     def cache_identity(self) -> bytes | None:

@@ -10,12 +10,29 @@ never wait on an expired ticket.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from proxy.sasl.layer import SaslError
+
+T = TypeVar("T")
+
+# Calls that may ask the KDC (a login, a context's first step towards a new service) run on
+# threads of their own: a KDC that does not answer holds these, not the default executor that
+# wraps and unwraps big frames for every engine.
+_KDC_THREADS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hms-cache-proxy-kdc")
+
+
+async def off_loop(work: Callable[[], T], timeout: float) -> T:
+    """``work()`` on a KDC thread, waited for at most ``timeout`` seconds (TimeoutError)."""
+    loop = asyncio.get_running_loop()
+    return await asyncio.wait_for(loop.run_in_executor(_KDC_THREADS, work), timeout)
+
 
 # Log in again when less than this fraction of the ticket's life, or this many seconds, is left.
 RELOGIN_FRACTION = 0.2
@@ -38,7 +55,7 @@ def short_name(principal: str, local_realms: frozenset[str]) -> str:
     """Hadoop's DEFAULT auth_to_local rule: the first component of a principal of a local
     realm (``alice@R`` and ``alice/host@R`` are ``alice``); any other realm is refused."""
     name, _, realm = principal.rpartition("@")
-    if not name or realm not in local_realms:
+    if not name.split("/", 1)[0] or realm not in local_realms:
         raise SaslError(
             f"{principal}: not of a local realm ({', '.join(sorted(local_realms)) or 'none'}; "
             "--kerberos-local-realms)"
@@ -75,10 +92,13 @@ class KerberosLogin:
 
     # -- initiating (blocking: run these in a thread) -----------------------------------------
 
-    def login(self) -> None:
-        """A TGT from the keytab into a fresh in-memory ccache (asks the KDC)."""
+    def login(self, *, force: bool = True) -> None:
+        """A TGT from the keytab into a fresh in-memory ccache (asks the KDC). Without
+        ``force``, only if it is due (several connections may find it due at once)."""
         gssapi = self._gssapi
         with self._lock:
+            if not force and not self.needs_login():
+                return
             self._generation += 1
             ccache = f"MEMORY:hms-cache-proxy-{id(self)}-{self._generation}"
             creds = gssapi.Credentials(
@@ -117,7 +137,7 @@ class KerberosLogin:
         service ticket the first time: take it in a thread."""
         gssapi = self._gssapi
         if self.needs_login():
-            self.login()
+            self.login(force=False)
         name = gssapi.Name(target, gssapi.NameType.kerberos_principal)
         requirements = flags or [
             gssapi.RequirementFlag.mutual_authentication,

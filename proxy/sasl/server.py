@@ -83,6 +83,11 @@ class SaslAcceptor:
                 principal, layer = await self._gssapi(negotiator, initial.payload)
                 user = short_name(principal, self.local_realms)
             elif mechanism == "DIGEST-MD5" and self.token_relay is not None:
+                if Qop.AUTH not in self.offered:
+                    # A relayed token connection can only be unprotected (see token_relay).
+                    raise SaslError(
+                        "token (DIGEST-MD5) engines need --sasl-qop to include authentication"
+                    )
                 principal = await self.token_relay.relay(negotiator, initial.payload)
                 user, layer = principal, PLAIN
             else:
@@ -108,8 +113,9 @@ class SaslAcceptor:
     async def _gssapi(self, negotiator: Negotiator, token: bytes) -> tuple[str, SecurityLayer]:
         context = self.login.acceptor()
         server = GssapiServer(context, self.offered)
+        # The first step decrypts the ticket and checks the replay cache, on disk: off the loop.
+        reply, last = await asyncio.to_thread(server.step, token, lambda: context.initiator_name)
         while True:
-            reply, last = server.step(token, lambda: context.initiator_name)
             if last:
                 await negotiator.send(Status.COMPLETE, reply)
                 break
@@ -118,6 +124,6 @@ class SaslAcceptor:
             # Java's client sends its last message (the chosen layer) as COMPLETE.
             if message.status not in (Status.OK, Status.COMPLETE):
                 raise SaslError(f"the client sent {message.status.name} during GSSAPI")
-            token = message.payload
+            reply, last = server.step(message.payload, lambda: context.initiator_name)
         assert server.outcome is not None
         return server.outcome.principal, server.outcome.layer

@@ -105,13 +105,13 @@ class SaslReader:
         return await self.raw.read(n)
 
     async def _raw_exactly(self, n: int) -> bytes | None:
-        data = b""
+        data = bytearray()  # not bytes +=: a 64 MiB frame would be copied quadratically
         while len(data) < n:
             piece = await self._raw_read(n - len(data))
             if not piece:
                 return None
             data += piece
-        return data
+        return bytes(data)
 
     async def _next_frame(self) -> bool:
         """Start the next frame (``False`` at a clean or broken end of the stream)."""

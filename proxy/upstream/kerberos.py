@@ -17,7 +17,7 @@ from proxy.config import Endpoint, Options
 from proxy.metrics import Metrics
 from proxy.sasl.digest import DigestClient
 from proxy.sasl.gssapi_mech import GssapiClient
-from proxy.sasl.kerberos import KerberosLogin, expand_host
+from proxy.sasl.kerberos import KerberosLogin, expand_host, off_loop
 from proxy.sasl.layer import Qop, SaslError, SecurityLayer
 from proxy.sasl.stream import (
     ByteReader,
@@ -98,7 +98,7 @@ class KerberosUpstream:
             client = GssapiClient(self.login.initiator(target), self.qops)
             return client, client.first()
 
-        client, first = await asyncio.to_thread(start)
+        client, first = await off_loop(start, self.options.upstream_connect_timeout)
         self.metrics.kerberos_login_expiry.set(self.login.expires_at)
         await client_negotiate(negotiator, "GSSAPI", first, client.step)
         return client.finish()

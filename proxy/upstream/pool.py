@@ -114,7 +114,7 @@ class UpstreamPool:
     # -- acquiring and releasing ---------------------------------------------------------
 
     async def acquire(
-        self, identity: Identity | None, *, fresh: bool = False
+        self, identity: Identity | None, *, fresh: bool = False, _retried: bool = False
     ) -> UpstreamConnection:
         """A connection running as ``identity``; ``fresh`` skips pooled ones (after a stale one).
 
@@ -137,7 +137,15 @@ class UpstreamPool:
             if await self._reserve_slot(deadline, identity, fresh=fresh):
                 break
         try:
-            conn = await self._connect_authenticated(identity)
+            conn = await self._connect(identity)
+        except UpstreamAuthFailed as exc:
+            await self._free_slot()
+            if not exc.retry or _retried:
+                raise
+            # E.g. a delegation token the HMS forgot: a new one is fetched (on a connection of
+            # the proxy's own, so not while this slot is held), then one more try.
+            log.info("metastore refused a connection (%s); trying once more", exc)
+            return await self.acquire(identity, fresh=True, _retried=True)
         except BaseException:
             await self._free_slot()
             raise
@@ -145,16 +153,6 @@ class UpstreamPool:
             return await self._bind(conn, identity)
         conn.identity = identity
         return conn
-
-    async def _connect_authenticated(self, identity: Identity | None) -> UpstreamConnection:
-        try:
-            return await self._connect(identity)
-        except UpstreamAuthFailed as exc:
-            if not exc.retry or self.auth is None:
-                raise
-            log.info("metastore refused a connection (%s); trying once more", exc)
-            await self.auth.prepare(identity)  # e.g. a new delegation token
-            return await self._connect(identity)
 
     def _can_bind(self, identity: Identity | None) -> bool:
         """Whether an anonymous connection can become ``identity``'s by ``set_ugi``."""

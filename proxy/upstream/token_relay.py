@@ -97,4 +97,7 @@ class DigestRelay:
             owner = token_owner(response)
         except (ValueError, SaslError) as exc:
             raise SaslError(f"not a metastore delegation token: {exc}") from None
-        return short_name(owner, self.local_realms) if "@" in owner else owner
+        user = short_name(owner, self.local_realms) if "@" in owner else owner
+        if not user:
+            raise SaslError("a delegation token without an owner")
+        return user

@@ -25,6 +25,7 @@ from typing import Any
 from proxy import idl
 from proxy.metrics import Metrics
 from proxy.sasl.tokens import HadoopToken, TokenIdentifier
+from proxy.tasks import background
 from proxy.upstream.errors import UpstreamAuthFailed, UpstreamError
 from proxy.wire.binary import MessageType
 from proxy.wire.errors import ProtocolError
@@ -111,8 +112,21 @@ class TokenBroker:
         max_date = identifier.max_date / 1000 if identifier.max_date else float("inf")
         replace_at = min(self.clock() + self.ttl, max_date - 60)
         held = Held(text, token, identifier, replace_at)
+        replaced = self._held.get(user)
         self._held[user] = held
+        if replaced is not None:
+            # The HMS would keep it until it expires; the proxy, its renewer, may cancel it.
+            background(self._cancel(replaced.text), "cancelling a replaced delegation token")
         return held
+
+    async def _cancel(self, text: str) -> None:
+        try:
+            reply = await self.ask("cancel_delegation_token", token_str_form=text)
+            result = _result("cancel_delegation_token", reply)
+            if getattr(result, "o1", None) is not None:
+                log.info("could not cancel a replaced delegation token: %s", _error(result))
+        except UpstreamError as exc:
+            log.info("could not cancel a replaced delegation token: %s", exc)
 
 
 def _result(method: str, reply: Message) -> Any:

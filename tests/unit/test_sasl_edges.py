@@ -18,6 +18,7 @@ import pytest
 
 from proxy import idl
 from proxy.config import Endpoint, load
+from proxy.handler import SessionState
 from proxy.metrics import Metrics
 from proxy.sasl.layer import PLAIN, Qop, SaslError
 from proxy.sasl.negotiation import Negotiation, NegotiationReader, Status, encode
@@ -29,6 +30,7 @@ from proxy.upstream.token_relay import DigestRelay
 from proxy.upstream.tokens import TokenBroker
 from proxy.wire.binary import MessageType, encode_header
 from proxy.wire.framing import Message, MessageReader, Transport
+from tests.unit.inprocess import message, rig
 from tests.unit.scripted_hms import ScriptedHMS
 from tests.unit.test_sasl import ScriptedContext
 
@@ -295,14 +297,19 @@ class Metastore:
     def __init__(self, answer: Callable[[str], Any]) -> None:
         self.answer = answer
         self.asked: list[str] = []
+        self.cancelled: list[str] = []
         self.gate = asyncio.Event()
         self.gate.set()
 
     async def ask(self, method: str, **args: Any) -> Message:
-        assert method == "get_delegation_token"
-        self.asked.append(args["token_owner"])
-        await self.gate.wait()
-        result = idl.result_class(method)(**self.answer(args["token_owner"]))
+        if method == "cancel_delegation_token":
+            self.cancelled.append(args["token_str_form"])
+            result = idl.result_class(method)()
+        else:
+            assert method == "get_delegation_token"
+            self.asked.append(args["token_owner"])
+            await self.gate.wait()
+            result = idl.result_class(method)(**self.answer(args["token_owner"]))
         data = encode_header(method, MessageType.REPLY, 0) + idl.encode(result)
         reader = MessageReader(Transport.BUFFERED, 1 << 20)
         reader.feed(data)
@@ -328,6 +335,8 @@ def test_one_fetch_per_user_however_many_connections_wait() -> None:
         clock[0] += 3601
         await broker.token("alice")
         assert hms.asked == ["alice", "alice"]  # replaced after the TTL
+        await asyncio.sleep(0)
+        assert [HadoopToken.decode(t) for t in hms.cancelled] == [tokens[0]]  # the old one
         broker.forget("alice", tokens[0])  # an old token: the held one stays
         await broker.token("alice")
         assert hms.asked == ["alice", "alice"]
@@ -402,3 +411,110 @@ def test_a_users_connection_is_only_ever_theirs_and_a_refused_token_is_retried()
 
 def test_plain_layer_is_the_default_for_a_relayed_token() -> None:
     assert PLAIN.qop is Qop.AUTH
+
+
+def test_a_refused_token_is_replaced_without_holding_a_connection_slot() -> None:
+    """At the connection limit, fetching a user's new token needs a connection of the
+    proxy's own: the refused connection's slot is given back first (else the fetch would
+    wait for a slot the caller itself holds, and fail as 'busy')."""
+
+    async def run() -> None:
+        hms = ScriptedHMS()
+        options = load(
+            {"upstream": "thrift://hms:9083", "upstream_max_connections": "2",
+             "upstream_max_idle": "2", "upstream_connect_timeout": "1"},
+            {},
+            None,
+        )  # fmt: skip
+        auth = PerUserAuth(refuse_first="bob")
+        pool = UpstreamPool(options, Metrics(), opener=hms.open, auth=auth)
+
+        async def fetch_token(identity: Identity | None) -> None:
+            auth.prepared.append(identity.user if identity else None)
+            if identity is not None and identity.user:  # as the broker does: pool.ask(None)
+                async with pool.connection(None):
+                    pass
+
+        auth.prepare = fetch_token  # type: ignore[method-assign]
+        busy = await pool.acquire(None)  # someone else's call in flight: one slot left
+        bob = await pool.acquire(Identity(user="bob"))
+        assert bob.identity == Identity(user="bob")
+        pool.release(busy, reusable=True)
+        pool.release(bob, reusable=True)
+        await pool.close()
+        await hms.close()
+
+    asyncio.run(closing(run()))
+
+
+# -- identity calls of authenticated engines, through the handler ---------------------------
+
+
+def test_an_authenticated_engines_set_ugi_is_answered_and_never_reaches_the_metastore() -> None:
+    """On a plain metastore a forwarded set_ugi would bind a pooled connection, which other
+    users' calls then take, to whoever the engine named."""
+
+    async def run() -> None:
+        async with rig() as r:
+            alice = SessionState(peer="t", user="alice", mechanism="GSSAPI")
+            reply = await r.call(alice, "set_ugi", user_name="mallory", group_names=["admin"])
+            assert idl.decode_result("set_ugi", message(reply).body).success == ["admin", "mallory"]
+            assert r.hms.calls["set_ugi"] == 0
+            await r.call(alice, "get_all_databases")
+            assert r.hms.calls["set_ugi"] == 0 and alice.identity is None
+
+    asyncio.run(closing(run()))
+
+
+def owner_refusal(reply: bytes) -> str | None:
+    result = idl.decode_result("get_delegation_token", message(reply).body)
+    return result.o1.message if result.o1 is not None else None
+
+
+def test_with_calls_as_the_proxy_only_an_engines_own_token_goes_out() -> None:
+    async def run() -> None:
+        async with rig() as r:
+            r.pool.auth = PerUserAuth()  # a Kerberized metastore, every call as the proxy
+            alice = SessionState(
+                peer="t", user="alice", mechanism="GSSAPI", principal="alice/etl@R"
+            )
+            for owner in ("bob", "alice/admin@R", "ALICE", ""):
+                said = owner_refusal(
+                    await r.call(
+                        alice, "get_delegation_token",
+                        token_owner=owner, renewer_kerberos_principal_name="alice",
+                    )
+                )  # fmt: skip
+                assert said == f"User: alice is not allowed to impersonate {owner}", owner
+            assert r.hms.calls["get_delegation_token"] == 0
+            for owner in ("alice", "alice/etl@R"):  # its short name, or its principal
+                await r.call(
+                    alice, "get_delegation_token",
+                    token_owner=owner, renewer_kerberos_principal_name="alice",
+                )  # fmt: skip
+            assert r.hms.calls["get_delegation_token"] == 2
+            nobody = SessionState(peer="t")  # --client-auth none: nobody to own a token
+            said = owner_refusal(
+                await r.call(
+                    nobody, "get_delegation_token",
+                    token_owner="alice", renewer_kerberos_principal_name="alice",
+                )
+            )  # fmt: skip
+            assert said is not None and "authenticated engine" in said
+            assert r.hms.calls["get_delegation_token"] == 2
+
+    asyncio.run(closing(run()))
+
+
+def test_token_engines_are_refused_when_protection_is_required() -> None:
+    """A relayed token connection is unprotected: with --sasl-qop privacy, none is taken."""
+
+    async def run() -> None:
+        (server_r, server_w), (client_r, client_w) = await pair()
+        strict = SaslAcceptor(Login(), [Qop.AUTH_CONF], REALMS, 1 << 20, object())  # type: ignore[arg-type]
+        client_w.write(encode(Status.START, b"DIGEST-MD5") + encode(Status.OK))
+        with pytest.raises(Refused, match="--sasl-qop"):
+            await strict.accept(server_r, server_w, 5)
+        assert b"--sasl-qop" in await asyncio.wait_for(client_r.read(1000), 5)
+
+    asyncio.run(closing(run()))
