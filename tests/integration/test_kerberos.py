@@ -321,10 +321,10 @@ def test_tokens_are_fetched_again_when_the_metastore_forgets_them(
 def test_the_proxy_logs_in_again_before_its_ticket_expires(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A realm whose tickets last 8 s: for four lifetimes an engine calls through the proxy on
+    """A realm whose tickets last 6 s: for three lifetimes an engine calls through the proxy on
     new metastore connections (each needs a valid login for its service ticket), and no call
     fails; the login's expiry moves on, and readiness stays green."""
-    with Realm(tmp_path / "short", ticket_lifetime=8) as short:
+    with Realm(tmp_path / "short", ticket_lifetime=6) as short:
         for key, value in short.env.items():
             monkeypatch.setenv(key, value)
         for service in ("hive/localhost", "proxy/localhost"):
@@ -344,7 +344,7 @@ def test_the_proxy_logs_in_again_before_its_ticket_expires(
             ).start()
             try:
                 first = proxy.metric("hmsproxy_kerberos_login_expiry_timestamp_seconds")
-                ends = time.time() + 4 * 8
+                ends = time.time() + 3 * 6
                 calls = 0
                 while time.time() < ends:
                     ccache = short.kinit("dave")  # the engine's own ticket runs out too
@@ -355,9 +355,9 @@ def test_the_proxy_logs_in_again_before_its_ticket_expires(
                     calls += 1
                     time.sleep(0.5)
                 last = proxy.metric("hmsproxy_kerberos_login_expiry_timestamp_seconds")
-                assert last > first + 16, (first, last)
+                assert last > first + 2 * 6 - 2, (first, last)  # two logins more, at least
                 assert "Kerberos: logged in again" in proxy.log()
-                assert calls > 20
+                assert calls > 12
                 assert (
                     proxy.metric(
                         "hmsproxy_upstream_auth_total", mechanism="gssapi", result="failed"
