@@ -74,6 +74,14 @@ class Kerberos:
 
     async def start(self, metrics: Metrics) -> None:
         """Log in now (a bad keytab or an unknown principal fails here, in one line)."""
+        if self.acceptor is not None:
+            log.info(
+                "Kerberos: engines authenticate to %s (keytab %s; users of %s; protection %s)",
+                self.login.principal,
+                self.login.keytab,
+                ", ".join(sorted(self.acceptor.local_realms)),
+                ", ".join(q.value for q in self.acceptor.offered),
+            )
         if self.login.initiate:
             try:
                 await off_loop(self.login.login, LOGIN_TIMEOUT)

@@ -188,9 +188,12 @@ def kerberos_problems(options: Options) -> list[str]:
     problems = []
     client = options.client_auth == "kerberos"
     upstream = options.upstream_auth == "kerberos"
-    if (client or upstream) and not (options.kerberos_principal and options.kerberos_keytab):
+    missing = [
+        name for name in ("kerberos_principal", "kerberos_keytab") if not getattr(options, name)
+    ]
+    if (client or upstream) and missing:
         side = "client_auth" if client else "upstream_auth"
-        problems.append(f"{side} kerberos: needs kerberos_principal and kerberos_keytab")
+        problems.append(f"{side} kerberos: needs {' and '.join(missing)}")
     if options.kerberos_keytab and not os.access(options.kerberos_keytab, os.R_OK):
         problems.append(f"kerberos_keytab: cannot read {options.kerberos_keytab}")
     if upstream and not options.upstream_principal:
@@ -465,8 +468,8 @@ class Options:
         (),
         parse_names,
         "realms whose principals map to a short user name (Hadoop's default auth_to_local "
-        "rule: alice@REALM and alice/host@REALM are alice); default: the realm of "
-        "--kerberos-principal; others are refused",
+        "rule: alice@REALM and alice/host@REALM are alice), others are refused; none given: "
+        "the realm of --kerberos-principal",
         metavar="REALM,...",
     )
     upstream_auth: str = _opt(

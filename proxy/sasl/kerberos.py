@@ -101,19 +101,23 @@ class KerberosLogin:
                 return
             self._generation += 1
             ccache = f"MEMORY:hms-cache-proxy-{id(self)}-{self._generation}"
-            creds = gssapi.Credentials(
-                name=self._name,
-                usage="initiate",
-                store={"client_keytab": self.keytab, "ccache": ccache},
-            )
-            # The AS exchange happens lazily at the first context; force it now, against our
-            # own service (always in the KDC), so that a bad keytab fails here, not in a call.
-            target = gssapi.Name(self.principal, gssapi.NameType.kerberos_principal)
             try:
+                creds = gssapi.Credentials(
+                    name=self._name,
+                    usage="initiate",
+                    store={"client_keytab": self.keytab, "ccache": ccache},
+                )
+                # The AS exchange happens lazily at the first context; force it now, against
+                # our own service (always in the KDC), so that a bad keytab, an unreachable
+                # KDC or a wrong krb5.conf fail here, not in a call.
+                target = gssapi.Name(self.principal, gssapi.NameType.kerberos_principal)
                 gssapi.SecurityContext(name=target, creds=creds, usage="initiate").step()
-            except gssapi.exceptions.GSSError as exc:
-                raise SaslError(f"Kerberos login as {self.principal} failed: {exc}") from None
-            lifetime = creds.lifetime or 0
+                lifetime = creds.lifetime or 0
+            except Exception as exc:  # the GSSError family, whose classes vary by failure
+                raise SaslError(
+                    f"Kerberos login as {self.principal} from {self.keytab} failed: "
+                    f"{_one_line(exc)}"
+                ) from None
             now = time.time()
             self._initiate_creds = creds
             self.started_at = now
@@ -156,3 +160,7 @@ class KerberosLogin:
             return True
         now = time.time() if now is None else now
         return self._initiate_creds is not None and now < self.expires_at
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -102,13 +102,29 @@ class SaslAcceptor:
         except SaslError as exc:
             await negotiator.fail(Status.BAD, str(exc))
             reason = "protocol" if mechanism == "none" else "failed"
-            raise Refused(mechanism, reason, str(exc)) from None
+            raise Refused(mechanism, reason, self._explained(str(exc))) from None
         sasl_reader = SaslReader(
             reader, layer, self.max_frame, early=negotiator.messages.rest(), on_error=on_frame_error
         )
         return Authenticated(
             user, principal, mechanism, layer.qop, sasl_reader, SaslWriter(writer, layer)
         )
+
+    def _explained(self, text: str) -> str:
+        """The likely mistake behind the two commonest refusals, for the log line."""
+        if "request ticket server" in text or "Cannot find key for" in text:
+            return (
+                f"{text} (the engine asked for another service's ticket: it must name this "
+                f"proxy's principal, {self.login.principal}, as hive.metastore.kerberos."
+                "principal / hive.metastore.service.principal)"
+            )
+        if "closed the connection during SASL negotiation" in text:
+            offered = ", ".join(q.value for q in self.offered)
+            return (
+                f"{text} (offered protection: {offered} (--sasl-qop); an engine wanting "
+                "another, e.g. hadoop.rpc.protection=privacy, hangs up)"
+            )
+        return text
 
     async def _gssapi(self, negotiator: Negotiator, token: bytes) -> tuple[str, SecurityLayer]:
         context = self.login.acceptor()
