@@ -25,7 +25,7 @@ import pytest
 from tests.rig import java
 from tests.rig.hms import MetastoreServer, kerberos_jvm_flags
 from tests.rig.kdc import Realm
-from tests.rig.proxy_process import ProxyProcess
+from tests.rig.proxy_process import ProxyProcess, kerberos_options
 
 pytestmark = pytest.mark.hms
 
@@ -51,18 +51,7 @@ def token_proxy(
     """A proxy in front of ``kerberos_hms``: GSSAPI as proxy/localhost for engines, token
     (DIGEST-MD5) engines relayed to the metastore, per-user tokens upstream."""
     process = ProxyProcess(
-        tmp_path,
-        kerberos_hms.uri,
-        "--client-auth",
-        "kerberos",
-        "--kerberos-principal",
-        realm.principal("proxy/localhost"),
-        "--kerberos-keytab",
-        str(realm.keytab("proxy/localhost")),
-        "--upstream-auth",
-        "kerberos",
-        "--upstream-principal",
-        f"hive/_HOST@{realm.name}",
+        tmp_path, kerberos_hms.uri, *kerberos_options(realm, kerberos_hms)
     ).start()
     yield process
     process.stop()
