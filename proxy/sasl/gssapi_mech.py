@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from proxy.sasl.layer import PLAIN, Layers, Qop, SaslError, SecurityLayer, qop_for_bit
+from proxy.sasl.layer import PLAIN, Layers, Qop, SaslError, SecurityLayer, at_least, qop_for_bit
 
 MAX_BUFFER = 65536  # what the HMS offers, and what the proxy says it can receive
 
@@ -193,9 +193,8 @@ def choose(offered_bits: int, allowed: Sequence[Qop]) -> Qop:
     decides what it requires ("privacy" means privacy), the proxy's ``--sasl-qop`` what it
     accepts at least."""
     offered = [q for q in (Qop.AUTH, Qop.AUTH_INT, Qop.AUTH_CONF) if offered_bits & q.bit]
-    floor = min(q.strength for q in allowed)
-    for qop in offered:
-        if qop.strength >= floor:
+    for qop in at_least(allowed):
+        if qop in offered:
             return qop
     names = ", ".join(q.value for q in offered) or "none"
     raise SaslError(

@@ -7,6 +7,7 @@ for ``auth-int`` (integrity) and ``auth-conf`` (confidentiality).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import IntFlag, StrEnum
 from typing import Protocol
 
@@ -54,6 +55,13 @@ _BITS = {
     Qop.AUTH_CONF: Layers.CONFIDENTIALITY,
 }
 _HADOOP = {"authentication": Qop.AUTH, "integrity": Qop.AUTH_INT, "privacy": Qop.AUTH_CONF}
+
+
+def at_least(allowed: Sequence[Qop]) -> list[Qop]:
+    """Every protection at least as strong as the weakest of ``allowed``, weakest first: what
+    the proxy accepts towards a metastore, which decides what it requires."""
+    floor = min(q.strength for q in allowed)
+    return [q for q in _ORDER if q.strength >= floor]
 
 
 def qop_for_bit(bit: int) -> Qop:

@@ -18,7 +18,7 @@ from proxy.metrics import Metrics
 from proxy.sasl.digest import DigestClient
 from proxy.sasl.gssapi_mech import GssapiClient
 from proxy.sasl.kerberos import KerberosLogin, expand_host, off_loop
-from proxy.sasl.layer import Qop, SaslError, SecurityLayer
+from proxy.sasl.layer import Qop, SaslError, SecurityLayer, at_least
 from proxy.sasl.stream import (
     ByteReader,
     ByteWriter,
@@ -107,9 +107,7 @@ class KerberosUpstream:
         assert self.tokens is not None
         token = await self.tokens.token(user)
         # The same rule as GSSAPI's: the weakest protection offered, at least --sasl-qop's.
-        floor = min(q.strength for q in self.qops)
-        order = [q for q in (Qop.AUTH, Qop.AUTH_INT, Qop.AUTH_CONF) if q.strength >= floor]
-        client = DigestClient.for_token(token, qops=order)
+        client = DigestClient.for_token(token, qops=at_least(self.qops))
         try:
             rspauth = await client_negotiate(negotiator, "DIGEST-MD5", b"", client.respond)
         except SaslError:
