@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 import pytest
 
 from tests.rig import java
-from tests.rig.hms import MetastoreServer, kerberos_jvm_flags
+from tests.rig.hms import CONSOLE_LOG4J2, MetastoreServer, kerberos_jvm_flags
 from tests.rig.kdc import Realm
 from tests.rig.proxy_process import ProxyProcess, kerberos_options
 
@@ -31,17 +31,13 @@ pytestmark = pytest.mark.hms
 
 # The engine's logs (stderr): warnings, and the lines of the client (its logger is
 # "hive.metastore") saying where it connects.
-LOG4J2 = """status = error
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{HH:mm:ss.SSS} %-5p %c{1}: %m%n
-rootLogger.level = warn
-rootLogger.appenderRef.console.ref = console
+LOG4J2 = (
+    CONSOLE_LOG4J2
+    + """\
 logger.client.name = hive.metastore
 logger.client.level = info
 """
+)
 
 
 @pytest.fixture

@@ -20,7 +20,8 @@ from tests.rig.kdc import Realm
 from tests.rig.ports import free_port, wait_for_port
 from tests.rig.service import Service
 
-LOG4J2 = """status = error
+# Warnings to stderr: the base of every rig JVM's log4j2 configuration.
+CONSOLE_LOG4J2 = """status = error
 appender.console.type = Console
 appender.console.name = console
 appender.console.target = SYSTEM_ERR
@@ -28,6 +29,11 @@ appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{HH:mm:ss.SSS} %-5p %c{1}: %m%n
 rootLogger.level = warn
 rootLogger.appenderRef.console.ref = console
+"""
+
+LOG4J2 = (
+    CONSOLE_LOG4J2
+    + """\
 # Two start-up lines say what the metastore came up as (secure or not, which port); the
 # rest of HiveMetaStore's INFO (a line per call, the audit log) stays out.
 logger.start.name = org.apache.hadoop.hive.metastore.HiveMetaStore
@@ -40,6 +46,7 @@ logger.start.filter.lines.onMismatch = DENY
 logger.login.name = org.apache.hadoop.security.UserGroupInformation
 logger.login.level = info
 """
+)
 
 # What HiveMetaStore logs before it listens when SASL is on.
 SECURE_MODE = "Starting DB backed MetaStore Server in Secure Mode"
