@@ -18,7 +18,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
-from proxy import __version__, catalog
+from proxy import __version__, bridge, catalog
 
 # From a sub-millisecond cache hit to a miss that runs into the engines' 10 s read timeout.
 LATENCY_BUCKETS = (
@@ -192,6 +192,17 @@ class Metrics:
             ),
             UPSTREAM_OUTCOMES,
         )
+        self.bridged_calls = _Children(
+            Counter(
+                "hmsproxy_bridged_calls",
+                "Calls of methods the metastore removed (HMS 4.0.1's get_table, "
+                "get_table_objects_by_name) answered through their _req form, by method",
+                ["method"],
+                registry=r,
+            )
+        )
+        for name in bridge.REPLACEMENTS:
+            self.bridged_calls.labels(name)
         self.upstream_duration = _Children(
             Histogram(
                 "hmsproxy_upstream_request_duration_seconds",

@@ -405,6 +405,14 @@ def metastore() -> list[Panel]:
             "reqps",
         ),
         timeseries(
+            "Calls bridged for old clients (HMS 4.0.1+)",
+            "get_table and get_table_objects_by_name, which HMS 4.0.1 removed, answered through "
+            "get_table_req / get_table_objects_by_name_req. Non-zero: engines with a Hive 2.3 "
+            "client (Spark, PrestoDB, Iceberg) run against a Hive 4 metastore through the bridge.",
+            [target(f"sum by (method) ({rate('hmsproxy_bridged_calls_total')})", "{{method}}")],
+            "reqps",
+        ),
+        timeseries(
             "Connection pool",
             "Connections to the metastore, idle (kept for reuse, at most --upstream-max-idle) "
             "and active (in a call; at most --upstream-max-connections per proxy).",

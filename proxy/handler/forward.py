@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from proxy import bridge
 from proxy.handler.session import ClientGone, SessionState
 from proxy.metrics import Metrics, method_label
 from proxy.upstream import (
@@ -25,8 +26,15 @@ from proxy.upstream import (
     UpstreamUnreachable,
     relay,
 )
-from proxy.upstream.relay import OnReply, send
-from proxy.wire.binary import AppErrorType, MessageType, encode_application_exception, encode_header
+from proxy.upstream.errors import UpstreamProtocolError, started
+from proxy.upstream.relay import OnReply, result_outcome, send
+from proxy.wire.binary import (
+    AppErrorType,
+    MessageType,
+    encode_application_exception,
+    encode_header,
+    parse_header,
+)
 from proxy.wire.framing import Message
 
 log = logging.getLogger(__name__)
@@ -51,6 +59,8 @@ class Forwarder:
         self.metrics = metrics
         self.timeouts = timeouts
         self.keep_limit = keep_limit  # the largest reply kept whole while it is streamed
+        # Metastores known to lack a removed method (HMS 4.0.1's get_table): bridged.
+        self.removals = bridge.Removals()
 
     async def forward(
         self,
@@ -135,8 +145,84 @@ class Forwarder:
     ) -> str | Message:
         """Send ``request`` on ``conn`` and relay (or return) the reply."""
         header = message.header
-        label = method_label(header.name)
-        started = time.perf_counter()
+        bridgeable = header.name in bridge.REPLACEMENTS and not oneway
+        if bridgeable and self.removals.replacement(conn.endpoint, header.name) is not None:
+            bridged = bridge.request(message)
+            if bridged is not None:
+                return await self._bridged(conn, bridged, message, client, keep)
+        result = await self._call(
+            conn,
+            request,
+            header.name,
+            header.seqid,
+            client,
+            oneway,
+            keep,
+            hold_exception=bridgeable and client is not None,
+        )
+        if client is None or not isinstance(result, Message):
+            return result
+        # An exception held back for a look: does this metastore lack the method?
+        bridged = bridge.request(message) if bridge.unknown_method(result) else None
+        if bridged is not None:
+            self.removals.learn(conn.endpoint, header.name)
+            log.warning(
+                "metastore %s does not serve %s (HMS 4.0.1 or later): old clients' calls go "
+                "to it as %s from now on",
+                conn.endpoint,
+                header.name,
+                bridge.REPLACEMENTS[header.name],
+            )
+            return await self._bridged(conn, bridged, message, client, keep)
+        return await self._answer(result, client, keep)
+
+    async def _bridged(
+        self,
+        conn: UpstreamConnection,
+        request: bytes,
+        message: Message,
+        client: ClientChannel | None,
+        keep: OnReply | None,
+    ) -> str | Message:
+        """A removed method's call, sent as its ``_req`` form; the reply in the old shape."""
+        header = message.header
+        upstream = bridge.REPLACEMENTS[header.name]
+        held = await self._call(conn, request, upstream, header.seqid, None, False, None)
+        assert isinstance(held, Message)
+        try:
+            data = bridge.reply(header.name, header.seqid, held)
+        except bridge.BridgeError as exc:
+            raise started(UpstreamProtocolError(str(exc)), False) from exc
+        self.metrics.bridged_calls.labels(header.name).inc()
+        reply_header = parse_header(data, 0, len(data))
+        assert reply_header is not None
+        reply = Message(reply_header, data)
+        if client is None:
+            return reply
+        return await self._answer(reply, client, keep)
+
+    async def _answer(self, reply: Message, client: ClientChannel, keep: OnReply | None) -> str:
+        """Send a reply held whole (kept first, as a relayed one would be)."""
+        if keep is not None:
+            await keep(reply)
+        await client.send(client.transport.frame(reply.data))
+        return result_outcome(reply.header.type, reply.body[:3])
+
+    async def _call(
+        self,
+        conn: UpstreamConnection,
+        request: bytes,
+        name: str,
+        seqid: int,
+        client: ClientChannel | None,
+        oneway: bool,
+        keep: OnReply | None,
+        *,
+        hold_exception: bool = False,
+    ) -> str | Message:
+        """One exchange on ``conn``, counted under the method the metastore was sent."""
+        label = method_label(name)
+        started_at = time.perf_counter()
         try:
             await send(conn, request, self.timeouts.read)
             if oneway:
@@ -144,18 +230,19 @@ class Forwarder:
                 return "ok"
             result = await relay(
                 conn,
-                header.name,
-                header.seqid,
+                name,
+                seqid,
                 client,
                 self.timeouts.read,
                 on_reply=keep,
                 keep_limit=self.keep_limit,
+                hold_exception=hold_exception,
             )
         except UpstreamError as exc:
             self.metrics.upstream_requests.labels(label, exc.outcome).inc()
             raise
         self.metrics.upstream_requests.labels(label, "ok").inc()
-        self.metrics.upstream_duration.labels(label).observe(time.perf_counter() - started)
+        self.metrics.upstream_duration.labels(label).observe(time.perf_counter() - started_at)
         return result
 
     async def _failed(

@@ -144,16 +144,19 @@ async def relay(
     *,
     on_reply: OnReply | None = None,
     keep_limit: int = 0,
+    hold_exception: bool = False,
 ) -> str | Message:
     """Copy one reply from ``conn``: streamed to ``client``, or held whole (no ``client``).
 
     Returns the outcome label once the reply went out, or the whole reply when held.
     ``on_reply`` gets the whole reply (kept while streaming, while it is no bigger than
-    ``keep_limit``); it runs before the last piece is sent when the reply is small.
+    ``keep_limit``); it runs before the last piece is sent when the reply is small. With
+    ``hold_exception``, an ``EXCEPTION`` reply is not sent but returned whole, for the
+    caller to look at (the bridge for removed methods, :mod:`proxy.bridge`).
     """
     reader = conn.replies
     stream = client is not None and client.transport is Transport.BUFFERED
-    keep = client is None or not stream or on_reply is not None
+    keep = client is None or not stream or on_reply is not None or hold_exception
     reader.keep = keep
     held: list[bytes] = []
     prefix = bytearray()  # header and the first bytes of the result: enough for the outcome
@@ -170,6 +173,8 @@ async def relay(
                 h = piece.header
                 check_reply_header(name, seqid, h.name, h.type, h.seqid)
                 header_length = h.length
+                if hold_exception and h.type == MessageType.EXCEPTION:
+                    client, stream = None, False  # nothing has been sent yet: hold it
             if len(prefix) < header_length + 3:
                 prefix += piece.data[: header_length + 3 - len(prefix)]
             if piece.last:

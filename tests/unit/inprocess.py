@@ -114,13 +114,15 @@ async def rig(
     cache: bool = True,
     store: MemoryStore | None = None,
     stale_window: float = 0.0,
+    removed: tuple[str, ...] = (),
     **values: Any,
 ) -> AsyncIterator[Rig]:
     """Everything from the handler down to a scripted metastore, closed afterwards;
-    ``values`` are options (``upstream_max_connections=1``)."""
+    ``values`` are options (``upstream_max_connections=1``); ``removed``: methods the
+    metastore answers ``UNKNOWN_METHOD`` (HMS 4.0.1's ``get_table``)."""
     opts = options(**values)
     metrics = Metrics()
-    hms = ScriptedHMS(framed=opts.upstream_transport is Transport.FRAMED)
+    hms = ScriptedHMS(framed=opts.upstream_transport is Transport.FRAMED, removed=removed)
     pool = UpstreamPool(opts, metrics, opener=hms.open)
     store = store if store is not None else MemoryStore(1 << 24)
     engine = None

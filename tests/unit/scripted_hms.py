@@ -11,7 +11,8 @@ from :attr:`~ScriptedHMS.tables` and :attr:`~ScriptedHMS.partitions`, counts cal
 and per connection, and records each connection's ``set_ugi``. Like the real HMS, it keeps
 the first ``set_ugi`` of a connection for good (another one is refused), keeps
 ``setMetaConf`` per connection, and answers methods it does not serve with a
-``TApplicationException`` ``UNKNOWN_METHOD``.
+``TApplicationException`` ``UNKNOWN_METHOD``; :attr:`~ScriptedHMS.removed` names methods it
+answers so although it knows them (HMS 4.0.1 removed ``get_table``).
 
 The next calls of a method can be scripted (:meth:`~ScriptedHMS.script`): :data:`HANG` (read
 the call, never answer), :data:`HANG_UP` (close without a byte), :data:`HALF_REPLY` (half the
@@ -236,8 +237,9 @@ Answer = Callable[[State, Any], Any]  # (the connection's state, args) -> result
 
 
 class ScriptedHMS:
-    def __init__(self, *, framed: bool = False) -> None:
+    def __init__(self, *, framed: bool = False, removed: tuple[str, ...] = ()) -> None:
         self.framed = framed
+        self.removed = set(removed)  # answered UNKNOWN_METHOD, as HMS 4.0.1 does get_table
         self.tables: dict[tuple[str, str], Any] = {}
         self.partitions: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
         self.calls: Counter[str] = Counter()
@@ -249,6 +251,9 @@ class ScriptedHMS:
             "setMetaConf": self._set_meta_conf,
             "getMetaConf": self._get_meta_conf,
             "get_table": self._get_table,
+            "get_table_req": self._get_table_req,
+            "get_table_objects_by_name": self._get_table_objects_by_name,
+            "get_table_objects_by_name_req": self._get_table_objects_by_name_req,
             "alter_table": self._alter_table,
             "get_all_tables": self._get_all_tables,
             "get_partitions_by_names": self._get_partitions_by_names,
@@ -375,7 +380,7 @@ class ScriptedHMS:
         if h.name in idl.oneway_methods():
             return
         known = h.name in self.answers or h.name in self.raw_replies
-        if action is UNKNOWN or args is None or not known:
+        if action is UNKNOWN or args is None or not known or h.name in self.removed:
             reply = application_exception(
                 h.name,
                 h.seqid,
@@ -428,6 +433,27 @@ class ScriptedHMS:
         if found is None:
             return result(o2=M.NoSuchObjectException(f"{args.dbname}.{args.tbl_name}"))
         return result(success=found)
+
+    def _get_table_req(self, conn: State, args: Any) -> Any:
+        result = idl.result_class("get_table_req")
+        req = args.req
+        found = self.tables.get((req.dbName, req.tblName))
+        if found is None:
+            return result(o2=M.NoSuchObjectException(f"{req.dbName}.{req.tblName}"))
+        return result(success=M.GetTableResult(table=found))
+
+    def _tables_named(self, db: str, names: list[str] | None) -> list[Any]:
+        # Like the HMS: the tables that exist, missing names left out.
+        return [self.tables[(db, n)] for n in names or () if (db, n) in self.tables]
+
+    def _get_table_objects_by_name(self, conn: State, args: Any) -> Any:
+        found = self._tables_named(args.dbname, args.tbl_names)
+        return idl.result_class("get_table_objects_by_name")(success=found)
+
+    def _get_table_objects_by_name_req(self, conn: State, args: Any) -> Any:
+        found = self._tables_named(args.req.dbName, args.req.tblNames)
+        result = idl.result_class("get_table_objects_by_name_req")
+        return result(success=M.GetTablesResult(tables=found))
 
     def _alter_table(self, conn: State, args: Any) -> Any:
         key = (args.dbname, args.tbl_name)
