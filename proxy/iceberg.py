@@ -145,11 +145,12 @@ def with_expected_location(args: Any, body: bytes, previous: str) -> bytes | Non
 
 
 def current_location(body: bytes) -> str | None:
-    """``metadata_location`` of the table in a ``get_table`` result, if it has one."""
+    """``metadata_location`` of the table in a ``get_table_req`` result, if it has one."""
     try:
-        result = idl.decode_result("get_table", body)
+        result = idl.decode_result("get_table_req", body)
     except ProtocolError:
         return None
-    params = getattr(getattr(result, "success", None), "parameters", None) or {}
+    table = getattr(getattr(result, "success", None), "table", None)
+    params = getattr(table, "parameters", None) or {}
     location = params.get(METADATA_LOCATION)
     return location if isinstance(location, str) else None

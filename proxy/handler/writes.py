@@ -113,7 +113,9 @@ class Writes:
         if session.pinned is not None:
             return None  # its connection is the client's own: leave its calls alone
         try:
-            reply = await self.pool.ask(session.identity, "get_table", dbname=db, tbl_name=table)
+            # The _req form: every metastore since 2.3 has it, HMS 4.0.1 no longer get_table.
+            request = idl.module().GetTableRequest(dbName=db, tblName=table)
+            reply = await self.pool.ask(session.identity, "get_table_req", req=request)
         except UpstreamError:
             return None
         if reply.header.type != MessageType.REPLY:

@@ -376,11 +376,11 @@ def test_alters_that_cannot_be_commits_are_forwarded_as_they_came(
     assert iceberg.commit_shape("alter_table_with_environment_context", args) is None
 
 
-def test_the_current_location_is_read_from_a_get_table_result() -> None:
+def test_the_current_location_is_read_from_a_get_table_req_result() -> None:
     table = M.Table(tableName="t", dbName="db", parameters=dict(ICEBERG_PARAMS))
-    result = idl.encode(idl.result_class("get_table")(success=table))
+    result = idl.encode(idl.result_class("get_table_req")(success=M.GetTableResult(table=table)))
     assert iceberg.current_location(result) == ICEBERG_PARAMS["metadata_location"]
-    missing = idl.encode(idl.result_class("get_table")(o2=M.NoSuchObjectException("no")))
+    missing = idl.encode(idl.result_class("get_table_req")(o2=M.NoSuchObjectException("no")))
     assert iceberg.current_location(missing) is None
 
 
