@@ -160,10 +160,12 @@ class Forwarder:
             keep,
             hold_exception=bridgeable and client is not None,
         )
-        if client is None or not isinstance(result, Message):
+        if not isinstance(result, Message):
             return result
-        # An exception held back for a look: does this metastore lack the method?
-        bridged = bridge.request(message) if bridge.unknown_method(result) else None
+        # A reply held whole (an exception held back for a look, or a held call): does this
+        # metastore lack the method?
+        lacks = bridgeable and bridge.unknown_method(result)
+        bridged = bridge.request(message) if lacks else None
         if bridged is not None:
             self.removals.learn(conn.endpoint, header.name)
             log.warning(
@@ -174,6 +176,8 @@ class Forwarder:
                 bridge.REPLACEMENTS[header.name],
             )
             return await self._bridged(conn, bridged, message, client, keep)
+        if client is None:
+            return result
         return await self._answer(result, client, keep)
 
     async def _bridged(

@@ -406,3 +406,18 @@ def test_requests_through_the_bridge_are_what_the_metastore_receives() -> None:
             assert sent[0].data == req_call("get_table_req", 9, "sales", "t", "hive")
 
     asyncio.run(run())
+
+
+def test_a_held_call_is_bridged_too() -> None:
+    """The proxy's own held calls (not relayed to a client) get the old shape as well."""
+
+    async def run() -> None:
+        async with rig(cache=False, removed=REMOVED) as r:
+            r.hms.add_table("d", "t")
+            call = message(idl.encode_call("get_table", 5, dbname="d", tbl_name="t"))
+            held = await r.handler.forwarder.call(SessionState("a"), call, Client(), hold=True)
+            assert not isinstance(held, str)
+            assert held.header.name == "get_table" and held.header.seqid == 5
+            assert held.data == r.hms.answer("get_table", 5, dbname="d", tbl_name="t")
+
+    asyncio.run(run())
