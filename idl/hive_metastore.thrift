@@ -1956,6 +1956,8 @@ service ThriftHiveMetastore extends fb303.FacebookService {
       throws (1: MetaException o1, 2: UnknownTableException o2, 3: UnknownDBException o3)
   list<Table> get_all_materialized_view_objects_for_rewriting() throws (1: MetaException o1)
   list<string> get_materialized_views_for_rewriting(1: string db_name) throws (1: MetaException o1)
+  void update_creation_metadata(1: string catName, 2: string dbname, 3: string tbl_name, 4: CreationMetadata creation_metadata)
+      throws (1: MetaException o1, 2: InvalidOperationException o2, 3: UnknownDBException o3)
 
   // --- Partitions ---
   GetPartitionResponse get_partition_req(1: GetPartitionRequest req)
@@ -2027,4 +2029,9 @@ service ThriftHiveMetastore extends fb303.FacebookService {
   list<WriteEventInfo> get_all_write_event_info(1: GetAllWriteEventInfoRequest request)
       throws (1: MetaException o1)
   WriteNotificationLogResponse add_write_notification_log(1: WriteNotificationLogRequest rqst)
+  WriteNotificationLogBatchResponse add_write_notification_log_in_batch(1: WriteNotificationLogBatchRequest rqst)
+
+  // --- Functions (4.2) ---
+  GetFunctionsResponse get_functions_req(1: GetFunctionsRequest request)
+      throws (1: MetaException o1)
 }

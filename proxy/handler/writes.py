@@ -9,8 +9,8 @@ import logging
 
 from proxy import iceberg, idl
 from proxy.cache.engine import CacheEngine
-from proxy.cache.plan import FLUSH
-from proxy.catalog import MethodSpec
+from proxy.cache.plan import FLUSH, WritePlan
+from proxy.catalog import Kind, MethodSpec
 from proxy.handler.forward import Forwarder
 from proxy.handler.session import SessionState
 from proxy.upstream import ClientChannel, UpstreamError, UpstreamPool, result_outcome
@@ -71,13 +71,32 @@ class Writes:
         await client.send(client.transport.frame(reply.data))
         return result_outcome(reply.header.type, reply.body[:3])
 
-    async def locking(self, session: SessionState, message: Message, client: ClientChannel) -> str:
+    async def locking(
+        self,
+        session: SessionState,
+        message: Message,
+        client: ClientChannel,
+        spec: MethodSpec | None,
+    ) -> str:
         """``lock`` and the calls that keep or end it, forwarded untouched: a ``lock`` first
-        fences what it names, the replies of all of them settle fences afterwards."""
+        fences what it names, the replies of all of them settle fences afterwards. One of them
+        can also change what the cache holds (a replicated ``commit_txn``, see the catalog):
+        that is invalidated as for any write."""
         fences = self.cache.locks
         name = message.header.name
         ticket = await fences.before_lock(message.body) if name == "lock" else None
-        reply = await self.forwarder.call(session, message, client, hold=True)
+        plan = WritePlan()
+        if spec is not None and spec.kind is Kind.WRITE:
+            plan = self.cache.plan_write(spec, message)
+        if plan.empty:
+            reply = await self.forwarder.call(session, message, client, hold=True)
+        else:
+            plan = await self.cache.expand(plan, lambda db: self._list_tables(session, db))
+            intent = await self.cache.begin_write(plan)
+            try:
+                reply = await self.forwarder.call(session, message, client, hold=True)
+            finally:
+                await self.cache.end_write(plan, intent)
         if isinstance(reply, str):  # no answer: the fence holds until its deadline
             return reply
         fences.after(name, message.body, ticket, reply)  # runs while the reply goes out
