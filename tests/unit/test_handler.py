@@ -296,6 +296,12 @@ def test_an_unknown_method_that_may_write_flushes_the_cache(
             assert "unknown method frob_table may change metadata" in caplog.text
             await r.call(s, "get_table", 5, dbname=DB, tbl_name=T)
             assert r.hms.calls["get_table"] == 2
+            # Another within the minute flushes as well, but the log is not told again.
+            with caplog.at_level(logging.WARNING, logger="proxy"):
+                await r.handler.handle(s, message(_call_of_unknown("frob_other", 6)), Client())
+            assert "frob_other" not in caplog.text
+            await r.call(s, "get_table", 7, dbname=DB, tbl_name=T)
+            assert r.hms.calls["get_table"] == 3
 
     asyncio.run(run())
 
