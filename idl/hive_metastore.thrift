@@ -2,7 +2,9 @@
 // Hive 3.x/4.x methods engines may call. Written for hms-cache-proxy from the facts of the
 // wire format: every field id, type and requiredness of the 2.3 part is checked against the
 // classes in hive-metastore-2.3.10.jar by tests/rig/test_idl_matches_hive.py, and the 3.x/4.x
-// part follows Hive 4.1's interface definition.
+// part follows Hive 4.1's interface definition. Some 2.3 structs also carry the fields Hive 3
+// and 4 added to them (Table, Partition, Database, GetTableRequest and others, each saying so),
+// at their Hive 4.0.1 ids.
 //
 // The proxy forwards bytes, not objects: it decodes only the arguments a routing or cache
 // decision needs, and never re-encodes a reply. Fields added by later Hive versions therefore
@@ -217,6 +219,7 @@ struct PrincipalPrivilegeSet {
   3: map<string, list<PrivilegeGrantInfo>> rolePrivileges,
 }
 
+// Fields 10 to 13 are Hive 3/4's (Hive 4.0.1 ids); 9 is catName in 2.3.10 as in 3 and 4.
 struct Partition {
   1: list<string> values,
   2: string dbName,
@@ -227,6 +230,10 @@ struct Partition {
   7: map<string, string> parameters,
   8: optional PrincipalPrivilegeSet privileges,
   9: optional string catName,
+  10: optional i64 writeId = -1,
+  11: optional bool isStatsCompliant,
+  12: optional ColumnStatistics colStats,
+  13: optional FileMetadata fileMetadata,
 }
 
 struct AddPartitionsRequest {
@@ -382,8 +389,16 @@ struct ColumnStatistics {
   2: required list<ColumnStatisticsObj> statsObj,
 }
 
+// Fields 2 to 7 are Hive 3/4's (Hive 4.0.1 ids). writeEventInfos (3) is set by replication,
+// which commits the writes of a source transaction; ordinary commits leave it out.
 struct CommitTxnRequest {
   1: required i64 txnid,
+  2: optional string replPolicy,
+  3: optional list<WriteEventInfo> writeEventInfos,
+  4: optional ReplLastIdInfo replLastIdInfo,
+  5: optional CommitTxnKeyValue keyValue,
+  6: optional bool exclWriteEnabled = true,
+  7: optional TxnType txn_type,
 }
 
 struct CompactionRequest {
@@ -405,6 +420,8 @@ struct CurrentNotificationEventId {
   1: required i64 eventId,
 }
 
+// Fields 9 to 13 are Hive 3/4's (Hive 4.0.1 ids). A REMOTE database's tables are those of its
+// data connector (12), with remote_dbname (13) the name of the database there.
 struct Database {
   1: string name,
   2: string description,
@@ -414,6 +431,11 @@ struct Database {
   6: optional string ownerName,
   7: optional PrincipalType ownerType,
   8: optional string catalogName,
+  9: optional i32 createTime,
+  10: optional string managedLocationUri,
+  11: optional DatabaseType type,
+  12: optional string connector_name,
+  13: optional string remote_dbname,
 }
 
 struct DropConstraintRequest {
@@ -580,14 +602,27 @@ struct GetRoleGrantsForPrincipalResponse {
   1: required list<RolePrincipalGrant> principalGrants,
 }
 
+// Fields 4 and 6 to 11 are Hive 3/4's (Hive 4.0.1 ids; there is no field 5). Hive gives
+// engine the default "hive" and id -1; they are left out here, so that a request the proxy
+// builds itself carries only the fields it sets (the HMS assumes the same defaults).
 struct GetTableRequest {
   1: required string dbName,
   2: required string tblName,
   3: optional ClientCapabilities capabilities,
+  4: optional string catName,
+  6: optional string validWriteIdList,
+  7: optional bool getColumnStats,
+  8: optional list<string> processorCapabilities,
+  9: optional string processorIdentifier,
+  10: optional string engine,
+  11: optional i64 id,
 }
 
-// Field 16 is catName in Hive 2.3.10; Hive 3 puts creationMetadata there and moves catName
-// to 17. The proxy never decodes a Table, so the difference never reaches the wire.
+// Fields 16 to 28 are Hive 3/4's, at their Hive 4.0.1 ids. Hive 2.3.10 alone has catName at
+// 16, a string; from Hive 3 on field 16 is the creationMetadata struct and catName is 17, and
+// that is what a 3/4 client or server sends. A 2.3.10 Table's string at 16 then has another
+// wire type than declared here, which the decoder skips (see proxy.conform): it decodes with
+// no catName, and nothing of it is lost on the wire, where the proxy keeps the bytes.
 struct Table {
   1: string tableName,
   2: string dbName,
@@ -604,17 +639,36 @@ struct Table {
   13: optional PrincipalPrivilegeSet privileges,
   14: optional bool temporary,
   15: optional bool rewriteEnabled,
-  16: optional string catName,
+  16: optional CreationMetadata creationMetadata,
+  17: optional string catName,
+  18: optional PrincipalType ownerType = PrincipalType.USER,
+  19: optional i64 writeId = -1,
+  20: optional bool isStatsCompliant,
+  21: optional ColumnStatistics colStats,
+  22: optional byte accessType,
+  23: optional list<string> requiredReadCapabilities,
+  24: optional list<string> requiredWriteCapabilities,
+  25: optional i64 id,
+  26: optional FileMetadata fileMetadata,
+  27: optional ObjectDictionary dictionary,
+  28: optional i64 txnId,
 }
 
 struct GetTableResult {
   1: required Table table,
+  2: optional bool isStatsCompliant,
 }
 
+// Fields 4 to 8 are Hive 3/4's (Hive 4.0.1 ids).
 struct GetTablesRequest {
   1: required string dbName,
   2: optional list<string> tblNames,
   3: optional ClientCapabilities capabilities,
+  4: optional string catName,
+  5: optional list<string> processorCapabilities,
+  6: optional string processorIdentifier,
+  7: optional GetProjectionsSpec projectionSpec,
+  8: optional string tablesPattern,
 }
 
 struct GetTablesResult {
@@ -957,6 +1011,16 @@ enum PartitionFilterMode {
   BY_EXPR,
 }
 
+enum TxnType {
+  DEFAULT = 0,
+  REPL_CREATED = 1,
+  READ_ONLY = 2,
+  COMPACTION = 3,
+  MATER_VIEW_REBUILD = 4,
+  SOFT_DELETE = 5,
+  REBALANCE_COMPACTION = 6,
+}
+
 struct Catalog {
   1: string name,
   2: optional string description,
@@ -1125,6 +1189,33 @@ struct AddDefaultConstraintRequest { 1: required list<SQLDefaultConstraint> defa
 struct AddCheckConstraintRequest { 1: required list<SQLCheckConstraint> checkConstraintCols }
 
 // Tables.
+
+// What a materialized view was built from (Table.16).
+struct CreationMetadata {
+  1: required string catName,
+  2: required string dbName,
+  3: required string tblName,
+  4: required set<string> tablesUsed,
+  5: optional string validTxnList,
+  6: optional i64 materializationTime,
+  7: optional list<SourceTable> sourceTables,
+}
+
+struct SourceTable {
+  1: required Table table,
+  2: required i64 insertedCount,
+  3: required i64 updatedCount,
+  4: required i64 deletedCount,
+}
+
+// Serialized file metadata of a table or partition, for engines that ask for it (Table.26,
+// Partition.13); type 1 is Impala's.
+struct FileMetadata {
+  1: byte type = 1,
+  2: byte version = 1,
+  3: list<binary> data,
+}
+
 struct CreateTableRequest {
   1: required Table table,
   2: optional EnvironmentContext envContext,
@@ -1250,6 +1341,7 @@ struct GetPartitionsByNamesRequest {
   13: optional string excludeParamKeyPattern,
 }
 
+// Values shared by the partitions of one reply, referred to by index (Table.27 too).
 struct ObjectDictionary { 1: required map<string, list<binary>> values }
 
 struct GetPartitionsByNamesResult {
@@ -1450,6 +1542,41 @@ struct WriteNotificationLogRequest {
   6: optional list<string> partitionVals,
 }
 struct WriteNotificationLogResponse {}
+
+struct WriteNotificationLogBatchRequest {
+  1: required string catalog,
+  2: required string db,
+  3: required string table,
+  4: required list<WriteNotificationLogRequest> requestList,
+}
+struct WriteNotificationLogBatchResponse {}
+
+struct ReplLastIdInfo {
+  1: required string database,
+  2: required i64 lastReplId,
+  3: optional string table,
+  4: optional string catalog,
+  5: optional list<string> partitionList,
+}
+
+struct CommitTxnKeyValue {
+  1: required i64 tableId,
+  2: required string key,
+  3: required string value,
+}
+
+// Functions (4.2).
+struct GetFunctionsRequest {
+  1: required string dbName,
+  2: optional string catalogName,
+  3: optional string pattern,
+  4: optional bool returnNames = true,
+}
+
+struct GetFunctionsResponse {
+  1: optional list<string> function_names,
+  2: optional list<Function> functions,
+}
 
 // ---------------------------------------------------------------------------------------------
 // The service. Method names are bare on the wire (no multiplexing).
@@ -1829,6 +1956,8 @@ service ThriftHiveMetastore extends fb303.FacebookService {
       throws (1: MetaException o1, 2: UnknownTableException o2, 3: UnknownDBException o3)
   list<Table> get_all_materialized_view_objects_for_rewriting() throws (1: MetaException o1)
   list<string> get_materialized_views_for_rewriting(1: string db_name) throws (1: MetaException o1)
+  void update_creation_metadata(1: string catName, 2: string dbname, 3: string tbl_name, 4: CreationMetadata creation_metadata)
+      throws (1: MetaException o1, 2: InvalidOperationException o2, 3: UnknownDBException o3)
 
   // --- Partitions ---
   GetPartitionResponse get_partition_req(1: GetPartitionRequest req)
@@ -1900,4 +2029,9 @@ service ThriftHiveMetastore extends fb303.FacebookService {
   list<WriteEventInfo> get_all_write_event_info(1: GetAllWriteEventInfoRequest request)
       throws (1: MetaException o1)
   WriteNotificationLogResponse add_write_notification_log(1: WriteNotificationLogRequest rqst)
+  WriteNotificationLogBatchResponse add_write_notification_log_in_batch(1: WriteNotificationLogBatchRequest rqst)
+
+  // --- Functions (4.2) ---
+  GetFunctionsResponse get_functions_req(1: GetFunctionsRequest request)
+      throws (1: MetaException o1)
 }

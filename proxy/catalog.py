@@ -8,7 +8,10 @@ For each method of the IDL (Hive 2.3, the Hive 3/4 additions and fb303) the tabl
 * its **targets**: where in the decoded arguments the database, table and partitions are.
 
 Everything else in the proxy (keys, invalidation, retries, metrics labels) is derived from
-this table; methods missing from it are passed through as unknown. Paths are attribute paths
+this table; methods missing from it are passed through as unknown. It knows every method of
+Hive 2.3, 3.1, 4.0 and 4.2 (tests/data/hms_methods); the Hive 3/4 methods the cache has no
+part in are listed in :mod:`proxy.catalog_hive4`. Only methods whose arguments are decoded
+(cacheable reads, writes with targets) need a declaration in the IDL. Paths are attribute paths
 into the thriftpy2 argument object (``req.dbName``); ``[*]`` walks a list. Partition
 references carry a prefix saying what the path holds: ``values:`` one partition's values,
 ``name:`` one partition name (``ds=1/h=2``), ``names:`` a list of names, ``objects:``
@@ -27,6 +30,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum, Flag, auto
 from typing import Any
+
+from proxy import catalog_hive4 as hive4
 
 
 class Kind(Enum):
@@ -72,11 +77,19 @@ class MethodSpec:
     wide: bool = False  # the reply spans databases (patterns), no single target
     renamed_to: str | None = None  # path to the object a rename turns the target into
     cascade: str | None = None  # path to a cascade flag (bool or EnvironmentContext)
+    flushes: bool = False  # what it changes cannot be named: everything is invalidated
+    optional: str | None = None  # path to the targets' list: absent or empty, nothing changed
 
     @property
     def retryable(self) -> bool:
         """Safe to send again on a fresh connection when a pooled one turned out stale."""
         return self.kind in (Kind.CACHEABLE_READ, Kind.READ)
+
+    def names_nothing(self, args: Any) -> bool:
+        """Whether the list an ``optional`` write's targets are in is absent or empty: then
+        there is nothing to invalidate. (Entries that do not say which database they are in
+        are another matter: those flush.)"""
+        return self.optional is not None and not any(resolve(self.optional, args))
 
 
 _TABLE: dict[str, MethodSpec] = {}
@@ -129,8 +142,25 @@ def write(
     *targets: Target,
     renamed_to: str | None = None,
     cascade: str | None = None,
+    optional: str | None = None,
 ) -> None:
-    _add(MethodSpec(name, Kind.WRITE, scope, targets, renamed_to=renamed_to, cascade=cascade))
+    _add(
+        MethodSpec(
+            name,
+            Kind.WRITE,
+            scope,
+            targets,
+            renamed_to=renamed_to,
+            cascade=cascade,
+            optional=optional,
+        )
+    )
+
+
+def flushing(*names: str) -> None:
+    """Writes of metadata the proxy cannot tell apart: each one flushes the cache."""
+    for name in names:
+        _add(MethodSpec(name, Kind.WRITE, flushes=True))
 
 
 def state(*names: str) -> None:
@@ -194,6 +224,10 @@ write("alter_database", C | D, T("dbname", None))
 write("alter_database_req", C | D, T("alterDbReq.oldDbName", None))
 write("drop_database", ALL_OF_DB, T("name", None))
 write("drop_database_req", ALL_OF_DB, T("req.name", None))
+# A REMOTE database (Hive 4) lists the tables of its data connector, which these create,
+# repoint or remove. Which databases use a connector the proxy cannot tell, and the versions of
+# a database's table list and tables are its own (no catalog-wide one covers them): flush.
+flushing("create_dataconnector_req", "alter_dataconnector_req", "drop_dataconnector_req")
 
 # --- Tables ---------------------------------------------------------------------------------
 cached("get_all_tables", D, "db_name")
@@ -285,6 +319,8 @@ write(
     T("req.checkConstraintCols[*].table_db", "req.checkConstraintCols[*].table_name"),
 )
 write("drop_constraint", TB, T("req.dbname", "req.tablename"))
+# A materialized view's creation metadata (what it was built from) is its Table.16.
+write("update_creation_metadata", TB, T("dbname", "tbl_name"))
 
 # --- Partitions ---------------------------------------------------------------------------
 cached("get_partition_names", PS, "db_name", "tbl_name")
@@ -503,6 +539,7 @@ write(
 cached("get_function", Scope.FUNCTIONS, wide=True)
 cached("get_functions", Scope.FUNCTIONS, wide=True)
 cached("get_all_functions", Scope.FUNCTIONS, wide=True)
+cached("get_functions_req", Scope.FUNCTIONS, wide=True)
 write("create_function", Scope.FUNCTIONS)
 write("alter_function", Scope.FUNCTIONS)
 write("drop_function", Scope.FUNCTIONS)
@@ -527,13 +564,13 @@ for _name in (
     "grant_role",
     "revoke_role",
     "grant_revoke_role",
+    "refresh_privileges",  # revokes every grant on an object, then grants anew
 ):
     write(_name, Scope.PRIVILEGES)
 
 # --- Transactions, locks, compaction, tokens, notifications: server state, never cached -----
 state(
     "open_txns",
-    "commit_txn",
     "abort_txn",
     "abort_txns",
     "lock",
@@ -544,7 +581,6 @@ state(
     "compact",
     "compact2",
     "allocate_table_write_ids",
-    "add_write_notification_log",
     "get_delegation_token",  # creates a token
     "renew_delegation_token",
     "cancel_delegation_token",
@@ -568,6 +604,44 @@ uncached(
     "get_next_notification",
     "get_notification_events_count",
 )
+
+# An ACID write (Hive 3+): files of a table or partition changed, metadata did not, as with
+# fire_listener_event's INSERT; cached listings and statistics of them are no longer right.
+write(
+    "add_write_notification_log",
+    P | ST,
+    T("rqst.db", "rqst.table", "values:rqst.partitionVals"),
+)
+write(
+    "add_write_notification_log_in_batch",
+    P | ST,
+    T("rqst.db", "rqst.table", "values:rqst.requestList[*].partitionVals"),
+)
+# A commit changes nothing the cache holds: tables, partitions and statistics a transaction
+# changes are changed by their own calls during it (alter_*, update_*_statistics*, which
+# invalidate), and reads of a snapshot carry their validWriteIdList in their key. Only a
+# replicated transaction's commit names the writes it brings (writeEventInfos): those tables'
+# and partitions' files changed. Without them it names nothing and invalidates nothing (never
+# a flush). Never retried, like every write; its lock fences are settled in proxy.cache.locks.
+write(
+    "commit_txn",
+    P | ST,
+    T(
+        "rqst.writeEventInfos[*].database",
+        "rqst.writeEventInfos[*].table",
+        "name:rqst.writeEventInfos[*].partition",
+    ),
+    optional="rqst.writeEventInfos",
+)
+# An ACID insert's change of a table's row counts (Hive 4), sent in the foreground by the
+# writer: the table is named by its id only, which the proxy cannot map to a name. Flush.
+flushing("update_transaction_statistics")
+
+# --- Hive 3 and 4: reads forwarded every time, and server state (see proxy.catalog_hive4) ---
+uncached(*hive4.TXN_READS, *hive4.SERVER_READS, *hive4.STORE_READS, *hive4.DRY_RUNS)
+# CLAIMS read like look-ups but take something each time: state, so never retried.
+state(*hive4.CLAIMS, *hive4.COMPACTION, *hive4.TXN_STATE, *hive4.SERVER_STATE)
+state(*hive4.STORE_WRITES)
 
 # --- File metadata, indexes (Hive 2.x), types: rare, passed through -----------------------
 uncached("get_file_metadata", "get_file_metadata_by_expr", "cache_file_metadata")

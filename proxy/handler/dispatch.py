@@ -77,7 +77,7 @@ class CallHandler:
                 )
                 outcome, source = served.outcome, served.source
             elif self.writes is not None and header.name in locks.LOCK_METHODS:
-                outcome = await self.writes.locking(session, message, client)
+                outcome = await self.writes.locking(session, message, client, spec)
             elif self.writes is not None and (spec is None or spec.kind is Kind.WRITE):
                 outcome = await self.writes.write(session, message, client, spec)
             else:

@@ -6,11 +6,13 @@ commits, which get the metastore's own check of their base (see :mod:`proxy.iceb
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 from proxy import iceberg, idl
 from proxy.cache.engine import CacheEngine
-from proxy.cache.plan import FLUSH
-from proxy.catalog import MethodSpec
+from proxy.cache.plan import FLUSH, WritePlan
+from proxy.catalog import Kind, MethodSpec
 from proxy.handler.forward import Forwarder
 from proxy.handler.session import SessionState
 from proxy.upstream import ClientChannel, UpstreamError, UpstreamPool, result_outcome
@@ -22,6 +24,50 @@ log = logging.getLogger(__name__)
 
 # Names of methods this proxy does not know that still cannot change metadata.
 READ_PREFIXES = ("get", "list_", "show_", "fetch_", "check_", "is", "partition_name_", "find")
+
+
+class FlushWarnings:
+    """The warning that an unknown method flushed the cache, at most once per ``interval``
+    seconds: a client can send any name, as often as it likes. In between it keeps a count and
+    the first ``keep`` distinct names (cut to ``NAME_CHARS``), which the next line reports;
+    nothing else, whatever clients send."""
+
+    NAME_CHARS = 80
+
+    def __init__(
+        self, interval: float = 60.0, keep: int = 3, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.interval = interval
+        self.keep = keep
+        self.clock = clock
+        self._last: float | None = None  # when the last line was logged
+        self._since = 0  # unknown calls that flushed since then
+        self._names: list[str] = []
+
+    def line(self, name: str) -> str | None:
+        """The line to log for an unknown call that flushes, or ``None`` (counted instead)."""
+        shown = _shown(name, self.NAME_CHARS)
+        now = self.clock()
+        if self._last is not None and now - self._last < self.interval:
+            self._since += 1
+            if len(self._names) < self.keep and shown not in self._names:
+                self._names.append(shown)
+            return None
+        text = f"unknown method {shown} may change metadata: the cache is flushed"
+        if self._since:
+            calls = "call" if self._since == 1 else "calls"
+            text += (
+                f" ({self._since} more unknown {calls} flushed it since the last warning: "
+                f"{', '.join(self._names)}{', ...' if self._since > len(self._names) else ''})"
+            )
+        self._last, self._since, self._names = now, 0, []
+        return text
+
+
+def _shown(name: str, limit: int) -> str:
+    """A client's method name as a log shows it: printable, and not too long."""
+    cut = name[:limit] + ("..." if len(name) > limit else "")
+    return cut if cut.isprintable() else ascii(cut)
 
 
 class Writes:
@@ -37,6 +83,7 @@ class Writes:
         self.forwarder = forwarder
         self.pool = pool
         self.check_iceberg_base = check_iceberg_base  # --iceberg-expected-location on
+        self.flush_warnings = FlushWarnings()
 
     async def write(
         self,
@@ -56,7 +103,9 @@ class Writes:
         if spec is not None:
             plan = await self.cache.expand(plan, lambda db: self._list_tables(session, db))
         else:
-            log.warning("unknown method %s may change metadata: the cache is flushed", name)
+            line = self.flush_warnings.line(name)
+            if line is not None:
+                log.warning("%s", line)
         request = await self._guarded_commit(session, message) if spec is not None else None
         intent = await self.cache.begin_write(plan)
         try:
@@ -71,13 +120,32 @@ class Writes:
         await client.send(client.transport.frame(reply.data))
         return result_outcome(reply.header.type, reply.body[:3])
 
-    async def locking(self, session: SessionState, message: Message, client: ClientChannel) -> str:
+    async def locking(
+        self,
+        session: SessionState,
+        message: Message,
+        client: ClientChannel,
+        spec: MethodSpec | None,
+    ) -> str:
         """``lock`` and the calls that keep or end it, forwarded untouched: a ``lock`` first
-        fences what it names, the replies of all of them settle fences afterwards."""
+        fences what it names, the replies of all of them settle fences afterwards. One of them
+        can also change what the cache holds (a replicated ``commit_txn``, see the catalog):
+        that is invalidated as for any write."""
         fences = self.cache.locks
         name = message.header.name
         ticket = await fences.before_lock(message.body) if name == "lock" else None
-        reply = await self.forwarder.call(session, message, client, hold=True)
+        plan = WritePlan()
+        if spec is not None and spec.kind is Kind.WRITE:
+            plan = self.cache.plan_write(spec, message)
+        if plan.empty:
+            reply = await self.forwarder.call(session, message, client, hold=True)
+        else:
+            plan = await self.cache.expand(plan, lambda db: self._list_tables(session, db))
+            intent = await self.cache.begin_write(plan)
+            try:
+                reply = await self.forwarder.call(session, message, client, hold=True)
+            finally:
+                await self.cache.end_write(plan, intent)
         if isinstance(reply, str):  # no answer: the fence holds until its deadline
             return reply
         fences.after(name, message.body, ticket, reply)  # runs while the reply goes out

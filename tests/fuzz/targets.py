@@ -85,7 +85,8 @@ _PLANNERS = (
     Planner(_NAMING, Ttls(), per_user=True),
 )
 _IDENTITIES = (None, b"\x0b\x00\x01\x00\x00\x00\x05alice\x00")
-_METHODS = sorted(s.name for s in catalog.all_methods())
+# Methods whose arguments the proxy may decode (the catalog's others are never decoded).
+_METHODS = sorted(s.name for s in catalog.all_methods() if s.name in idl.method_names())
 _APP = AppErrorType.PROTOCOL_ERROR
 _PAD = b"\x00" * 64  # behind a body, shows a decoder that reads past its end
 
@@ -592,9 +593,11 @@ def plan_read(
 
 def plan_write(planner: Planner, spec: MethodSpec | None, args: Any | None) -> WritePlan:
     """``CacheEngine.plan_write`` (and the handler's FLUSH for unknown methods)."""
-    if spec is None:
+    if spec is None or spec.flushes:
         return FLUSH
     try:
+        if args is not None and spec.targets and spec.names_nothing(args):
+            return WritePlan()
         return planner.write(spec, args)
     except Exception as exc:
         raise _crash("planner", exc) from exc

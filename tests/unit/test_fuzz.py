@@ -60,7 +60,8 @@ def run_isolated(data: bytes, cuts: list[int] | None = None) -> None:
 
 
 def test_every_catalog_method_has_seeds_the_proxy_reads_whole() -> None:
-    assert {s.method for s in SEEDS} == {s.name for s in catalog.all_methods()}
+    declared = {s.name for s in catalog.all_methods()} & idl.method_names()
+    assert {s.method for s in SEEDS} == declared
     assert len(RIG_SEEDS) > 200
     for seed in SEEDS:
         data = message_of(seed)

@@ -296,6 +296,62 @@ def test_an_unknown_method_that_may_write_flushes_the_cache(
             assert "unknown method frob_table may change metadata" in caplog.text
             await r.call(s, "get_table", 5, dbname=DB, tbl_name=T)
             assert r.hms.calls["get_table"] == 2
+            # Another within the minute flushes as well, but the log is not told again.
+            with caplog.at_level(logging.WARNING, logger="proxy"):
+                await r.handler.handle(s, message(_call_of_unknown("frob_other", 6)), Client())
+            assert "frob_other" not in caplog.text
+            await r.call(s, "get_table", 7, dbname=DB, tbl_name=T)
+            assert r.hms.calls["get_table"] == 3
+
+    asyncio.run(run())
+
+
+def test_a_hive_4_background_call_is_forwarded_once_and_keeps_the_cache() -> None:
+    """A compaction worker's step (no declaration in the IDL: never decoded): forwarded as it
+    came, never flushing, and, being state, never sent again."""
+
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T)
+            s = SessionState("a")
+            await r.call(s, "get_table", 1, dbname=DB, tbl_name=T)
+            client = Client()
+            await r.handler.handle(s, message(_call_of_unknown("mark_compacted", 2)), client)
+            assert client.reply() == _unknown_method("mark_compacted", 2)  # this HMS is 2.3
+            assert r.hms.calls["mark_compacted"] == 1
+            assert r.requests("mark_compacted", "user_error") == 1
+            await r.call(s, "get_table", 3, dbname=DB, tbl_name=T)
+            assert r.hms.calls["get_table"] == 1
+
+    asyncio.run(run())
+
+
+def test_a_commit_invalidates_only_the_partitions_its_write_events_name() -> None:
+    """commit_txn goes the lock calls' way (its fences are settled); a replicated one that
+    names its writes also invalidates them, an ordinary one nothing."""
+    asked = names(*DAYS)
+
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS)
+            r.hms.answers["commit_txn"] = lambda conn, args: idl.result_class("commit_txn")()
+            s = SessionState("a")
+
+            async def read(seqid: int) -> None:
+                args = {"db_name": DB, "tbl_name": T, "names": asked}
+                await r.call(s, "get_partitions_by_names", seqid, **args)
+
+            await read(1)
+            await r.call(s, "commit_txn", 2, rqst=M.CommitTxnRequest(txnid=7))
+            await read(3)
+            assert r.hms.calls["get_partitions_by_names"] == 1
+            event = M.WriteEventInfo(1, DB, T, "f", names(DAYS[1])[0])
+            commit = M.CommitTxnRequest(txnid=8, writeEventInfos=[event])
+            await r.call(s, "commit_txn", 4, rqst=commit)
+            await read(5)
+            assert r.hms.calls["get_partitions_by_names"] == 2
+            assert r.hms.received[-1].args.names == names(DAYS[1])  # the other two were kept
+            assert r.hms.calls["commit_txn"] == 2
 
     asyncio.run(run())
 
