@@ -129,6 +129,11 @@ def read_request(method: str, seqid: int, sample: Sample, *, missing: bool) -> b
 
 
 def reads() -> list[str]:
+    """Every read of the catalog that the IDL declares (Hive 4-only reads the proxy never
+    decodes are not declared: there is nothing to build their arguments from)."""
+    declared = set(idl.method_names())
     return sorted(
-        s.name for s in catalog.all_methods() if s.kind in (Kind.CACHEABLE_READ, Kind.READ)
+        s.name
+        for s in catalog.all_methods()
+        if s.kind in (Kind.CACHEABLE_READ, Kind.READ) and s.name in declared
     )

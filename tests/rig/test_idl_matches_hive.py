@@ -103,12 +103,26 @@ def test_every_hive_23_method_is_in_our_idl_with_the_same_shape(
         assert ours(cls) == fields, name
 
 
+# Fields Hive 3 reused for something else: 2.3.10's Table has catName at 16, Hive 3 and 4
+# have creationMetadata there and catName at 17. The IDL follows Hive 3/4 (a 2.3.10 string
+# at 16 is skipped as a field of another wire type; 2.3 has one catalog anyway).
+REUSED = {"Table": {"16:string catName"}}
+
+
+def _ids(fields: set[str]) -> set[str]:
+    return {f.split(":", 1)[0] for f in fields}
+
+
 def test_every_hive_23_struct_has_the_same_fields(hive: dict[str, dict[str, set[str]]]) -> None:
+    """Every 2.3.10 field is ours at its id with its type; ours may add Hive 3/4 fields at
+    ids 2.3.10 does not use (and the reused one above)."""
     assert len(hive["struct"]) > 130
     module = idl.module()
     for name, fields in hive["struct"].items():
-        cls = getattr(module, name)
-        assert ours(cls) == fields, name
+        mine = ours(getattr(module, name))
+        reused = REUSED.get(name, set())
+        assert fields - reused <= mine, name
+        assert not _ids(mine - fields) & _ids(fields - reused), name
 
 
 def test_every_hive_23_enum_value_matches(hive: dict[str, dict[str, set[str]]]) -> None:
