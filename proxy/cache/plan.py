@@ -149,6 +149,20 @@ def _all_text(values: list[Any]) -> bool:
     return all(isinstance(v, str) for v in values)
 
 
+def _names_capabilities(args: Any) -> bool:
+    """Whether the request names processor capabilities (``processorCapabilities``, Hive 4's
+    ``_req`` structs): the metastore then passes what it returns through its metadata
+    transformer, which rewrites partitions by the table's type, ``transactional`` and
+    ``OBJCAPABILITIES`` parameters (it drops their bucketing for a processor without
+    ``HIVEBUCKET2``, say: MetastoreDefaultTransformer.transformPartitions)."""
+    spec = getattr(args, "thrift_spec", None) or {}
+    for item in (args, *(getattr(args, entry[1], None) for entry in spec.values())):
+        capabilities = getattr(item, "processorCapabilities", None)
+        if isinstance(capabilities, list) and capabilities:
+            return True
+    return False
+
+
 def _partition_values(refs: Iterable[str], args: Any) -> list[tuple[str, ...]] | None:
     """Every partition the references name, as value tuples; ``None`` if one is unclear."""
     out: list[tuple[str, ...]] = []
@@ -243,7 +257,13 @@ class Planner:
                         depend(table.tag, "partset")
                 if scope & Scope.STATISTICS and not target.partitions:
                     depend(table.tag, "stats")
-                if spec.per_partition and parts:
+                transformed = bool(scope & Scope.PARTITIONS) and _names_capabilities(args)
+                if transformed:
+                    # Partitions as Hive 4's metadata transformer rewrites them for these
+                    # capabilities, from the table's type and parameters: the reply depends on
+                    # the table object too, and no partition's bytes stand on their own.
+                    depend(table.tag, "table")
+                if spec.per_partition and parts and not transformed:
                     partition_plan = self._partition_plan(spec, args, args_bytes, table, who)
             elif target.tables:
                 names = catalog.resolve(target.tables, args)
