@@ -120,6 +120,7 @@ class CacheEngine:
             pending=self.invalidations,
             dictionary_ttl=planner.ttls.longest * 2 + 60,
             seen=activity,
+            whole=self.whole,
         )
         self.locks = LockFences(store, self.naming, metrics, lock_fence, self.invalidations.defer)
         # Plans by a digest of the request (not its bytes: a client decides how big those are).

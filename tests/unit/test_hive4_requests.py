@@ -9,14 +9,15 @@ import copy
 from typing import Any
 
 from proxy import catalog, idl
+from proxy.cache import partitions as parts
 from proxy.cache.keys import TableRef, partition_field
-from proxy.cache.plan import ReadPlan
+from proxy.cache.plan import Bump, ReadPlan
 from proxy.handler import SessionState
 from proxy.wire.binary import MessageType
 from tests.thrift_values import BOOL, I64, LIST, STRING, STRUCT, Value, encode, message
 from tests.unit.inprocess import Client, Rig, rig
 from tests.unit.inprocess import message as parsed
-from tests.unit.scripted_hms import result_of
+from tests.unit.scripted_hms import Slow, reply_message, result_of, until
 from tests.unit.test_cache_core import NAMING, PLANNER
 
 M = idl.module()
@@ -205,6 +206,75 @@ def test_a_processor_capabilities_reply_follows_its_table() -> None:
             acid.parameters["transactional"] = "true"
             await r.call(SessionState("w"), "alter_table", dbname=DB, tbl_name=T, new_tbl=acid)
             assert buckets(await raw_call(r, method, 3, args)) == [4, 4]
+            assert r.hms.calls[method] == 2
+
+    asyncio.run(run())
+
+
+# -- a reply with Hive 4's dictionary ---------------------------------------------------------
+
+
+def with_dictionary(seqid: int) -> bytes:
+    """What Impala's catalogd answers with getFileMetadata: partitions whose file metadata
+    index into a dictionary beside them."""
+    result = M.GetPartitionsByNamesResult(
+        partitions=[partition(d) for d in DAYS[:2]],
+        dictionary=M.ObjectDictionary({"network_addresses": [b"\x0b\x00\x01host-1"]}),
+    )
+    return reply_message(
+        "get_partitions_by_names_req",
+        seqid,
+        idl.result_class("get_partitions_by_names_req")(success=result),
+    )
+
+
+def test_a_reply_with_a_dictionary_is_cached_whole_and_served_byte_for_byte() -> None:
+    method = "get_partitions_by_names_req"
+    args = request_args(*BY_NAMES_BASE, (9, flag(True)))
+    assert parts.split(method, with_dictionary(1)[len(message(method, 2, 1, b"")) :]) is None
+
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T)
+            r.hms.raw_replies[method] = with_dictionary
+            first = await raw_call(r, method, 1, args)
+            second = await raw_call(r, method, 2, args)
+            assert first == with_dictionary(1)
+            assert second == with_dictionary(2)
+            assert r.hms.calls[method] == 1
+            assert r.sample("hmsproxy_cache_lookups_total", method=method, result="hit") == 1
+            # Under the versions of the partitions it names: a change to one is seen.
+            assert r.cache is not None
+            await r.cache.store.bump([Bump(TV, partition_field((DAYS[1],)), "partitions")])
+            assert await raw_call(r, method, 3, args) == with_dictionary(3)
+            assert r.hms.calls[method] == 2
+            # Another request (other names, or other fields) is not answered with it.
+            other = request_args(*BY_NAMES_BASE[:2], (3, strings("ds=2024-01-01")), (9, flag(True)))
+            await raw_call(r, method, 4, other)
+            assert r.hms.calls[method] == 3
+
+    asyncio.run(run())
+
+
+def test_a_whole_reply_that_raced_a_write_is_never_served() -> None:
+    """Kept under the versions read before the call: a write that lands while the metastore
+    answers leaves the entry dead, as for any fill."""
+    method = "get_partitions_by_names_req"
+    args = request_args(*BY_NAMES_BASE, (9, flag(True)))
+
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T)
+            r.hms.raw_replies[method] = with_dictionary
+            slow = Slow()
+            r.hms.script(method, slow)
+            first = asyncio.create_task(raw_call(r, method, 1, args))
+            await until(lambda: r.hms.calls[method] == 1, "the call reached the metastore")
+            assert r.cache is not None
+            await r.cache.store.bump([Bump(TV, partition_field((DAYS[0],)), "partitions")])
+            slow.gate.set()
+            assert await first == with_dictionary(1)
+            assert await raw_call(r, method, 2, args) == with_dictionary(2)
             assert r.hms.calls[method] == 2
 
     asyncio.run(run())
