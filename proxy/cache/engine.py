@@ -180,8 +180,9 @@ class CacheEngine:
         if plan is None:
             self.metrics.cache_lookups.labels(method_label(spec.name), "bypass").inc()
             return Served(await call.forward(None, None), "upstream")
-        if plan.partitions is not None:
+        if plan.partitions is not None and self.partitions.assemble:
             return await self.partitions.read(plan, call)
+        # Assembly off (the metastore was seen out of name order): cached whole instead.
         return await self.whole.read(plan, call)
 
     # -- the whole cache -------------------------------------------------------------------

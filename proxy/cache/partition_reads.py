@@ -7,7 +7,7 @@ served; only the partitions that are not are fetched, with a request naming just
 
 The HMS returns these partitions in partition-name order; an assembled reply keeps that
 order, so it is the reply the HMS would have sent. If the metastore is ever seen answering in
-another order, assembly stops for the life of the process and the calls go through whole.
+another order, assembly stops for the life of the process and the calls are cached whole.
 
 A reply that cannot be cut into standalone partitions (Hive 4's ``dictionary`` beside them,
 which the partitions' file metadata refers into, or any other shape) is cached whole, as
@@ -117,7 +117,7 @@ class PartitionReads:
         reply = await call.fetch(request)
         if isinstance(reply, str):  # the client already has its error
             return Served(reply, "upstream")
-        got = self._fetched(pp, reply, missing, whole)
+        got = self._fetched(pp, reply, missing)
         if got is None:
             if whole:
                 if whole_fp is not None:  # the metastore's reply to these very bytes
@@ -262,7 +262,7 @@ class PartitionReads:
         self.metrics.cache_stored_bytes.inc(sum(len(value) for _, value, _ in items))
 
     def _fetched(
-        self, pp: PartitionPlan, reply: Message, missing: list[Values], whole: bool
+        self, pp: PartitionPlan, reply: Message, missing: list[Values]
     ) -> dict[Values, bytes] | None:
         """The partitions of a reply by their values, if the reply is what was expected."""
         if reply.header.type != MessageType.REPLY:
@@ -276,16 +276,16 @@ class PartitionReads:
             if vals not in wanted or vals in got:
                 return None  # not a partition we asked for, or twice: do not guess
             got[vals] = data
-        if whole:
-            name_of = dict(zip(pp.values, pp.names, strict=True))
-            order = [name_of[v] for v, _ in split.partitions]
-            if order != sorted(order):
-                log.warning(
-                    "the metastore does not return get_partitions_by_names in partition-name "
-                    "order; partitions are no longer cached one by one"
-                )
-                self.assemble = False
-                return None
+        # Checked on every reply, a subset's too: an assembled reply is sorted by name.
+        name_of = dict(zip(pp.values, pp.names, strict=True))
+        order = [name_of[v] for v, _ in split.partitions]
+        if order != sorted(order):
+            log.warning(
+                "the metastore does not return get_partitions_by_names in partition-name "
+                "order; partitions are no longer cached one by one"
+            )
+            self.assemble = False
+            return None
         return got
 
     @staticmethod
