@@ -370,7 +370,9 @@ class Planner:
                 if not isinstance(new_db, str) or not isinstance(new_name, str):
                     return FLUSH
                 table = TableRef.of(new_db, new_name)
-                if table not in old_tables:
+                # By versions: alter_table('@spark#db', 't', Table{dbName: 'db', ...}) keeps
+                # its name (the new table's catalog is in a field of its own).
+                if table.tag not in {t.tag for t in old_tables}:
                     inv.rename(old_tables, table)
         inv.catalog_wide(scope | (Scope.TABLE if spec.renamed_to else Scope.NONE))
         built = inv.build()
