@@ -48,7 +48,7 @@ def new_table(
 def test_listings_equal_a_walk_of_the_directories(
     hms: MetastoreServer, proxy_factory: ProxyFactory, tmp_path: Path
 ) -> None:
-    proxy = proxy_factory("--seal-after", "0")
+    proxy = proxy_factory("--seal-after", "0", "--notifications", "off")
     name, root = new_table(hms, tmp_path)
     for i, ds in enumerate(DAYS):
         part = root / f"ds={ds}"
