@@ -149,6 +149,24 @@ def _all_text(values: list[Any]) -> bool:
     return all(isinstance(v, str) for v in values)
 
 
+def _database(db: str, args: Any, path: str | None) -> DatabaseRef:
+    """The database a write names at ``path``, with the catalog its ``_req`` struct names
+    beside it (``catName``, ``catalogName``). Versions leave the catalog out (see
+    :mod:`.keys`), but a dropped database's tables are asked of the metastore (see
+    ``Invalidations.expand``), which must be asked about that catalog's."""
+    ref = DatabaseRef.of(db)
+    if path is None or db.startswith("@") or "." not in path:
+        return ref
+    holders = catalog.resolve(path.rsplit(".", 1)[0], args)
+    names = {
+        value
+        for holder in holders
+        for field_name in ("catName", "catalogName")
+        if isinstance(value := getattr(holder, field_name, None), str) and value
+    }
+    return DatabaseRef(names.pop().lower(), ref.db) if len(names) == 1 else ref
+
+
 def _names_capabilities(args: Any) -> bool:
     """Whether the request names processor capabilities (``processorCapabilities``, Hive 4's
     ``_req`` structs): the metastore then passes what it returns through its metadata
@@ -356,7 +374,7 @@ class Planner:
             parts = _partition_values(target.partitions, args) if target.partitions else []
             cascade = bool(spec.cascade and _cascades(catalog.resolve(spec.cascade, args)))
             for db in dbs:
-                database = DatabaseRef.of(db)
+                database = _database(db, args, target.db)
                 if scope & Scope.DATABASE:
                     inv.database(database)
                 if not target.table and scope & Scope.TABLE:

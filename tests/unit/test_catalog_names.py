@@ -187,3 +187,33 @@ def test_listings_of_two_catalogs_tables_of_one_name_are_kept_apart() -> None:
         return (await listings.lookup(spark, [("1",)], False)).cached
 
     assert asyncio.run(scenario()) == {}
+
+
+def test_a_dropped_databases_tables_are_asked_of_its_own_catalog() -> None:
+    """drop_database_req{name: db, catalogName: spark}: the tables to forget are spark's
+    db's, so the metastore is asked about '@spark#db' (about 'db', it would list another
+    catalog's, or the default one's)."""
+    req = M.DropDatabaseRequest(
+        name="db", catalogName="spark", ignoreUnknownDb=False, deleteData=False, cascade=True
+    )
+    plan = write_plan("drop_database_req", req=req)
+    plain = write_plan("drop_database", name="db", deleteData=False, cascade=True)
+    asked: list[str] = []
+
+    async def list_tables(db: str) -> list[str]:
+        asked.append(db)
+        return ["only_in_spark"]
+
+    async def run() -> bool:
+        e = engine()
+        read = read_plan("get_table", dbname="@spark#db", tbl_name="only_in_spark")
+        look = await e.lookup(read)
+        fp = await e.fill_fingerprint(read, look)
+        assert fp is not None
+        assert await e.fill(read, fp, reply("get_table", idl.result_class("get_table")()))
+        await e.invalidate(await e.expand(plan, list_tables), "write")
+        await e.expand(plain, list_tables)
+        return (await e.lookup(read)).result is Result.HIT
+
+    assert not asyncio.run(run())
+    assert asked == ["@spark#db", "db"]
