@@ -94,7 +94,8 @@ class Activity:
         return "table#" + hmac.new(self._secret, key, hashlib.sha256).hexdigest()[:12]
 
     def looked_up(self, table: TableRef, hit: bool) -> None:
-        tag = table.tag
+        # The table's versions are shared by every catalog (proxy.cache.keys): not its row.
+        tag = table.tag if table.catalog == "hive" else f"{table.catalog}:{table.tag}"
         counts = self._tables.get(tag)
         if counts is None:
             floor = 0

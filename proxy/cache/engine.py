@@ -120,6 +120,7 @@ class CacheEngine:
             pending=self.invalidations,
             dictionary_ttl=planner.ttls.longest * 2 + 60,
             seen=activity,
+            whole=self.whole,
         )
         self.locks = LockFences(store, self.naming, metrics, lock_fence, self.invalidations.defer)
         # Plans by a digest of the request (not its bytes: a client decides how big those are).
@@ -187,8 +188,9 @@ class CacheEngine:
         if plan is None:
             self.metrics.cache_lookups.labels(method_label(spec.name), "bypass").inc()
             return Served(await call.forward(None, None), "upstream")
-        if plan.partitions is not None:
+        if plan.partitions is not None and self.partitions.assemble:
             return await self.partitions.read(plan, call)
+        # Assembly off (the metastore was seen out of name order): cached whole instead.
         return await self.whole.read(plan, call)
 
     # -- the whole cache -------------------------------------------------------------------

@@ -18,6 +18,16 @@ can never match again (a counter restarting at 0 could).
 
 **Slots.** The hash tag in braces makes every key of one table, of one database, or of the
 catalog land in one Redis Cluster slot, so the common hit (one table) is one round trip.
+
+**Catalogs.** A client names a table's catalog inside the database string (``@spark#db``,
+Hive 3 and later), in a separate field of a ``_req`` struct (``catName``, which a write may
+leave out where a read sends it, or the other way round), or not at all (the metastore's
+default catalog, ``metastore.catalog.default``, which need not be ``hive``). So the version
+tags leave the catalog out: a database or table name has one set of versions whatever the
+catalog, and a write spelled any way invalidates a read spelled any other. The price is
+over-invalidation between catalogs holding the same names; the tags of the catalog ``hive``
+are those the proxy has always used. Entries themselves stay apart: their keys hold the
+request's bytes, catalog and all (listings: :attr:`TableRef.catalog` in their key).
 """
 
 from __future__ import annotations
@@ -63,7 +73,7 @@ class Bump:
 
 @dataclass(frozen=True, slots=True)
 class TableRef:
-    catalog: str
+    catalog: str  # as the database string says, for names shown and listings' keys
     db: str
     table: str
 
@@ -74,7 +84,8 @@ class TableRef:
 
     @property
     def tag(self) -> str:
-        return "t:" + _digest(self.catalog, self.db, self.table)
+        """The table's versions: the same in every catalog (see the module's docstring)."""
+        return "t:" + _digest(DEFAULT_CATALOG, self.db, self.table)
 
     @property
     def database(self) -> DatabaseRef:
@@ -92,7 +103,8 @@ class DatabaseRef:
 
     @property
     def tag(self) -> str:
-        return "d:" + _digest(self.catalog, self.db)
+        """The database's versions: the same in every catalog."""
+        return "d:" + _digest(DEFAULT_CATALOG, self.db)
 
 
 CATALOG_TAG = "g"

@@ -7,7 +7,12 @@ served; only the partitions that are not are fetched, with a request naming just
 
 The HMS returns these partitions in partition-name order; an assembled reply keeps that
 order, so it is the reply the HMS would have sent. If the metastore is ever seen answering in
-another order, assembly stops for the life of the process and the calls go through whole.
+another order, assembly stops for the life of the process and the calls are cached whole.
+
+A reply that cannot be cut into standalone partitions (Hive 4's ``dictionary`` beside them,
+which the partitions' file metadata refers into, or any other shape) is cached whole, as
+:mod:`.reads` caches any reply: under the request's own key, served again only for the same
+request bytes. The look-up reads that key in the same round trip as the partitions.
 """
 
 from __future__ import annotations
@@ -19,12 +24,20 @@ from dataclasses import dataclass, field
 
 from proxy.cache import entry as codec
 from proxy.cache import partitions as parts
-from proxy.cache.decide import Result, fenced, judge_partition, partition_fingerprint
+from proxy.cache.decide import (
+    Result,
+    Verdict,
+    fenced,
+    group,
+    judge,
+    judge_partition,
+    partition_fingerprint,
+)
 from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.keys import EPOCH, Naming, partition_field
 from proxy.cache.l1 import L1
 from proxy.cache.plan import PartitionPlan, ReadPlan, VersionRef
-from proxy.cache.reads import Pending, ReadCall, Seen, Served
+from proxy.cache.reads import Pending, ReadCall, Seen, Served, WholeReads
 from proxy.cache.store import CacheUnavailable, Store
 from proxy.metrics import Metrics, method_label
 from proxy.wire.binary import MessageType, encode_header
@@ -41,6 +54,7 @@ class PartitionLookup:
     result: Result
     known: Known = field(default_factory=dict)  # the partitions found current, by values
     versions: dict[str, bytes | None] = field(default_factory=dict)  # the table's, as read
+    whole: Verdict | None = None  # the request's whole-reply entry, judged (None: bypass)
 
 
 class PartitionReads:
@@ -55,8 +69,10 @@ class PartitionReads:
         pending: Pending,
         dictionary_ttl: float,
         seen: Seen | None,
+        whole: WholeReads,
     ) -> None:
         self.store = store
+        self.whole_reads = whole  # replies kept whole: filled as any other read's
         self.naming = naming
         self.metrics = metrics
         self.dictionaries = dictionaries
@@ -76,6 +92,8 @@ class PartitionReads:
             self.seen.looked_up(pp.table, result is Result.HIT)
         if result is Result.BYPASS:
             return Served(await call.forward(None, None), "upstream")
+        if look.whole is not None and look.whole.hit:
+            return Served(await call.serve(look.whole.reply), "cache")
         self.metrics.cache_partitions.labels("hit").inc(len(known))
         self.metrics.cache_partitions.labels("miss").inc(len(pp.values) - len(known))
         seqid = call.message.header.seqid
@@ -84,6 +102,13 @@ class PartitionReads:
         missing = [v for v in pp.values if v not in known]
         versions = await self._fill_versions(pp, look.versions)
         whole = len(missing) == len(pp.values)
+        # Should the reply turn out not to cut into partitions, it is kept whole: under the
+        # versions read before the call (epochs made now, as for any fill).
+        whole_fp = None
+        if whole and look.whole is not None and look.whole.result is Result.MISS and versions:
+            whole_fp = await self.whole_reads.fill_fingerprint(
+                plan, _with_epoch(plan, look.whole, self.naming.versions(pp.tag), versions)
+            )
         request = None
         if not whole:
             names = [n for n, v in zip(pp.names, pp.values, strict=True) if v not in known]
@@ -92,9 +117,11 @@ class PartitionReads:
         reply = await call.fetch(request)
         if isinstance(reply, str):  # the client already has its error
             return Served(reply, "upstream")
-        got = self._fetched(pp, reply, missing, whole)
+        got = self._fetched(pp, reply, missing)
         if got is None:
             if whole:
+                if whole_fp is not None:  # the metastore's reply to these very bytes
+                    await self.whole_reads.fill(plan, whole_fp, reply)
                 return Served(await call.send(reply.data), "upstream")
             # Unexpected shape for a subset: let the HMS answer the whole request instead.
             return Served(await call.forward(None, None), "upstream")
@@ -111,19 +138,27 @@ class PartitionReads:
             return PartitionLookup(Result.BYPASS)
         key = self.naming.versions(pp.tag)
         fields = [EPOCH, "pgen", "partset", *pp.fields]
+        wanted = group([*plan.refs, *(VersionRef(key, f) for f in fields)])
         entry_keys = pp.entry_keys
         l1 = self.l1
         fronts = {k: e for k in entry_keys if l1 is not None and (e := l1.get(k)) is not None}
+        whole_front = l1.get(plan.key) if l1 is not None else None
         try:
             versions, found = await self.store.lookup(
-                {key: fields}, [k for k in entry_keys if k not in fronts]
+                wanted,
+                [k for k in entry_keys if k not in fronts]
+                + ([plan.key] if whole_front is None else []),
             )
         except CacheUnavailable:
             return PartitionLookup(Result.BYPASS)
         current = versions[key]
-        if fenced([VersionRef(key, f) for f in fields], versions):
+        if fenced([VersionRef(k, f) for k, names in wanted.items() for f in names], versions):
             return PartitionLookup(Result.BYPASS)
         out = PartitionLookup(Result.MISS, versions=current)
+        out.whole = await self._judge_whole(plan, versions, whole_front, found.get(plan.key))
+        if out.whole.hit:
+            out.result = out.whole.result
+            return out
         if current.get(EPOCH) is None:
             return out
         await self.dictionaries.load(
@@ -150,6 +185,26 @@ class PartitionReads:
         if len(out.known) == len(pp.values):
             out.result = Result.HIT
         return out
+
+    async def _judge_whole(
+        self,
+        plan: ReadPlan,
+        versions: dict[str, dict[str, bytes | None]],
+        front: codec.Entry | None,
+        value: bytes | None,
+    ) -> Verdict:
+        """The request's whole-reply entry (the in-process copy, or the store's), judged as
+        :mod:`.reads` judges one."""
+        entry = front
+        if entry is None and value is not None:
+            try:
+                entry = codec.decode(value, await self.dictionaries.for_value(value, plan.tag))
+            except codec.EntryError:
+                entry = None
+        verdict = judge(plan.refs, versions, entry, now=time.time(), serve_iceberg=True)
+        if verdict.hit and front is None and entry is not None and self.l1 is not None:
+            self.l1.put(plan.key, entry, entry.ttl)
+        return verdict
 
     async def _fill_versions(
         self, pp: PartitionPlan, seen: dict[str, bytes | None]
@@ -207,7 +262,7 @@ class PartitionReads:
         self.metrics.cache_stored_bytes.inc(sum(len(value) for _, value, _ in items))
 
     def _fetched(
-        self, pp: PartitionPlan, reply: Message, missing: list[Values], whole: bool
+        self, pp: PartitionPlan, reply: Message, missing: list[Values]
     ) -> dict[Values, bytes] | None:
         """The partitions of a reply by their values, if the reply is what was expected."""
         if reply.header.type != MessageType.REPLY:
@@ -221,16 +276,16 @@ class PartitionReads:
             if vals not in wanted or vals in got:
                 return None  # not a partition we asked for, or twice: do not guess
             got[vals] = data
-        if whole:
-            name_of = dict(zip(pp.values, pp.names, strict=True))
-            order = [name_of[v] for v, _ in split.partitions]
-            if order != sorted(order):
-                log.warning(
-                    "the metastore does not return get_partitions_by_names in partition-name "
-                    "order; partitions are no longer cached one by one"
-                )
-                self.assemble = False
-                return None
+        # Checked on every reply, a subset's too: an assembled reply is sorted by name.
+        name_of = dict(zip(pp.values, pp.names, strict=True))
+        order = [name_of[v] for v, _ in split.partitions]
+        if order != sorted(order):
+            log.warning(
+                "the metastore does not return get_partitions_by_names in partition-name "
+                "order; partitions are no longer cached one by one"
+            )
+            self.assemble = False
+            return None
         return got
 
     @staticmethod
@@ -243,3 +298,14 @@ class PartitionReads:
         )
         body = parts.assemble(plan.method, [data for _, data in present])
         return encode_header(plan.method, MessageType.REPLY, seqid) + body
+
+
+def _with_epoch(
+    plan: ReadPlan, miss: Verdict, key: str, versions: dict[str, bytes | None]
+) -> Verdict:
+    """``miss`` with the table's epoch as just made (if it had none): not made twice."""
+    values = [
+        versions.get(EPOCH) if value is None and (r.key, r.field) == (key, EPOCH) else value
+        for r, value in zip(plan.refs, miss.values, strict=True)
+    ]
+    return Verdict(miss.result, values=values)

@@ -149,6 +149,38 @@ def _all_text(values: list[Any]) -> bool:
     return all(isinstance(v, str) for v in values)
 
 
+def _database(db: str, args: Any, path: str | None) -> DatabaseRef:
+    """The database a write names at ``path``, with the catalog its ``_req`` struct names
+    beside it (``catName``, ``catalogName``). Versions leave the catalog out (see
+    :mod:`.keys`), but a dropped database's tables are asked of the metastore (see
+    ``Invalidations.expand``), which must be asked about that catalog's."""
+    ref = DatabaseRef.of(db)
+    if path is None or db.startswith("@") or "." not in path:
+        return ref
+    holders = catalog.resolve(path.rsplit(".", 1)[0], args)
+    names = {
+        value
+        for holder in holders
+        for field_name in ("catName", "catalogName")
+        if isinstance(value := getattr(holder, field_name, None), str) and value
+    }
+    return DatabaseRef(names.pop().lower(), ref.db) if len(names) == 1 else ref
+
+
+def _names_capabilities(args: Any) -> bool:
+    """Whether the request names processor capabilities (``processorCapabilities``, Hive 4's
+    ``_req`` structs): the metastore then passes what it returns through its metadata
+    transformer, which rewrites partitions by the table's type, ``transactional`` and
+    ``OBJCAPABILITIES`` parameters (it drops their bucketing for a processor without
+    ``HIVEBUCKET2``, say: MetastoreDefaultTransformer.transformPartitions)."""
+    spec = getattr(args, "thrift_spec", None) or {}
+    for item in (args, *(getattr(args, entry[1], None) for entry in spec.values())):
+        capabilities = getattr(item, "processorCapabilities", None)
+        if isinstance(capabilities, list) and capabilities:
+            return True
+    return False
+
+
 def _partition_values(refs: Iterable[str], args: Any) -> list[tuple[str, ...]] | None:
     """Every partition the references name, as value tuples; ``None`` if one is unclear."""
     out: list[tuple[str, ...]] = []
@@ -243,7 +275,13 @@ class Planner:
                         depend(table.tag, "partset")
                 if scope & Scope.STATISTICS and not target.partitions:
                     depend(table.tag, "stats")
-                if spec.per_partition and parts:
+                transformed = bool(scope & Scope.PARTITIONS) and _names_capabilities(args)
+                if transformed:
+                    # Partitions as Hive 4's metadata transformer rewrites them for these
+                    # capabilities, from the table's type and parameters: the reply depends on
+                    # the table object too, and no partition's bytes stand on their own.
+                    depend(table.tag, "table")
+                if spec.per_partition and parts and not transformed:
                     partition_plan = self._partition_plan(spec, args, args_bytes, table, who)
             elif target.tables:
                 names = catalog.resolve(target.tables, args)
@@ -336,7 +374,7 @@ class Planner:
             parts = _partition_values(target.partitions, args) if target.partitions else []
             cascade = bool(spec.cascade and _cascades(catalog.resolve(spec.cascade, args)))
             for db in dbs:
-                database = DatabaseRef.of(db)
+                database = _database(db, args, target.db)
                 if scope & Scope.DATABASE:
                     inv.database(database)
                 if not target.table and scope & Scope.TABLE:
@@ -350,7 +388,9 @@ class Planner:
                 if not isinstance(new_db, str) or not isinstance(new_name, str):
                     return FLUSH
                 table = TableRef.of(new_db, new_name)
-                if table not in old_tables:
+                # By versions: alter_table('@spark#db', 't', Table{dbName: 'db', ...}) keeps
+                # its name (the new table's catalog is in a field of its own).
+                if table.tag not in {t.tag for t in old_tables}:
                     inv.rename(old_tables, table)
         inv.catalog_wide(scope | (Scope.TABLE if spec.renamed_to else Scope.NONE))
         built = inv.build()

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.cache import entry as codec
-from proxy.cache.keys import EPOCH, Naming, TableRef, digest, partition_field
+from proxy.cache.keys import DEFAULT_CATALOG, EPOCH, Naming, TableRef, digest, partition_field
 from proxy.cache.store import FENCED, CacheUnavailable, Store
 
 Values = tuple[str, ...]
@@ -40,7 +40,10 @@ class ListingCache:
         self.variant = variant  # the sealed rule's settings: a new rule starts afresh
 
     def key(self, table: TableRef, values: Values, recursive: bool) -> str:
-        name = digest(self.variant, "r" if recursive else "-", *values)
+        # The table's tag is the same in every catalog (see proxy.cache.keys): the catalog
+        # tells the listings apart (the default one as it always has, by nothing).
+        catalog = () if table.catalog == DEFAULT_CATALOG else ("@" + table.catalog,)
+        name = digest(self.variant, *catalog, "r" if recursive else "-", *values)
         return f"{self.naming.prefix}{{{table.tag}}}:l:{name}"
 
     @staticmethod

@@ -8,7 +8,9 @@ A partition is **sealed** (its files no longer change) when
   file is in its directory.
 
 Everything else is **open**: listed live on every call, never cached. Unpartitioned tables are
-always open: nothing marks the end of their writes.
+always open: nothing marks the end of their writes. So is every partition of a transactional
+table (:func:`transactional`), whatever its marker or age: Hive's ACID and insert-only writes
+add ``delta_``/``base_`` directories to a partition without altering it in the metastore.
 """
 
 from __future__ import annotations
@@ -17,6 +19,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 DDL_TIME = "transient_lastDdlTime"
+TRANSACTIONAL = "transactional"
+TRANSACTIONAL_PROPERTIES = "transactional_properties"
+
+
+def transactional(table_parameters: Mapping[str, str] | None) -> bool:
+    """Whether a table's parameters make it transactional, as Hive reads them: full ACID or
+    insert-only (``transactional=true``; Hive's insert-only test looks at
+    ``transactional_properties=insert_only`` alone). Keys and values in any case; when in
+    doubt (spaces around ``true``), transactional: a live listing is never wrong."""
+    for key, value in (table_parameters or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            continue
+        name, text = key.strip().lower(), value.strip().lower()
+        if (name, text) in ((TRANSACTIONAL, "true"), (TRANSACTIONAL_PROPERTIES, "insert_only")):
+            return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,10 @@ from storage through fsspec. For every partition asked for:
 3. each is listed from storage; the sealed rule (``seal``) decides from its parameters and,
    if a marker file is required, from the names in the directory;
 4. sealed ones are stored, unless their partition changed while they were listed.
+
+A transactional table's partitions are never sealed (``seal.transactional``, from the table
+object every request fetches first anyway): nothing is looked up or stored for them, since a
+listing cached before the table was made transactional would not be invalidated by that.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from proxy.cache.keys import TableRef, partition_name
 from proxy.config import Options
 from proxy.listing import splits
 from proxy.listing.cache import ListingCache, Looked, Values
-from proxy.listing.seal import SealRule, parse_marker
+from proxy.listing.seal import SealRule, parse_marker, transactional
 from proxy.listing.storage import Directory, Storage, StorageError
 from proxy.metrics import Metrics
 from proxy.own_calls import MetastoreFailure
@@ -118,7 +122,11 @@ class ListingService(pb_grpc.ListingServicer):
                 return {wanted[0]: part}
 
             listings = await self._partitions(
-                TableRef.of(db, name), [values], request.recursive, fetch
+                TableRef.of(db, name),
+                [values],
+                request.recursive,
+                fetch,
+                live=transactional(table.parameters),
             )
             return listings[0]
 
@@ -212,7 +220,9 @@ class ListingService(pb_grpc.ListingServicer):
                     got[tuple(part.values)] = part
             return got
 
-        return await self._partitions(TableRef.of(db, name), wanted, recursive, fetch)
+        return await self._partitions(
+            TableRef.of(db, name), wanted, recursive, fetch, live=transactional(table.parameters)
+        )
 
     async def _table(self, db: str, name: str) -> Any:
         table = await self.metastore.call("get_table", dbname=db, tbl_name=name)
@@ -223,15 +233,21 @@ class ListingService(pb_grpc.ListingServicer):
         return table
 
     async def _partitions(
-        self, table: TableRef, wanted: Sequence[Values], recursive: bool, fetch: Fetch
+        self,
+        table: TableRef,
+        wanted: Sequence[Values],
+        recursive: bool,
+        fetch: Fetch,
+        *,
+        live: bool,
     ) -> list[pb.FileListing]:
+        """``live``: the table is transactional, so none of its partitions is sealed."""
         started = time.perf_counter()
+        cache = None if live else self.cache
         looked = (
-            await self.cache.lookup(table, wanted, recursive)
-            if self.cache is not None
-            else Looked({}, None)
+            await cache.lookup(table, wanted, recursive) if cache is not None else Looked({}, None)
         )
-        if self.cache is not None:
+        if cache is not None:
             self.metrics.listing_duration.labels("cache").observe(time.perf_counter() - started)
         out: dict[Values, pb.FileListing] = {}
         for values, payload in looked.cached.items():
@@ -251,7 +267,7 @@ class ListingService(pb_grpc.ListingServicer):
             if not location:
                 raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, "partition has no location")
             directory = await self._list(location, recursive)
-            sealed = self.rule.sealed(part.parameters, now, set(directory.names))
+            sealed = not live and self.rule.sealed(part.parameters, now, set(directory.names))
             listing = _listing(location, values, directory, sealed)
             self.metrics.listing_lookups.labels("miss" if sealed else "open").inc()
             if sealed and looked.versions is not None:
@@ -259,8 +275,8 @@ class ListingService(pb_grpc.ListingServicer):
             out[values] = listing
 
         await asyncio.gather(*(one(v, parts[v]) for v in missing if v in parts))
-        if self.cache is not None and looked.versions is not None and to_store:
-            _, stale = await self.cache.fill(
+        if cache is not None and looked.versions is not None and to_store:
+            _, stale = await cache.fill(
                 table,
                 looked.versions,
                 to_store,

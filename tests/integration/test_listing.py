@@ -8,11 +8,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from hmsclient.genthrift.hive_metastore import ttypes as t
 
+from proxy.admin._gen import listing_pb2 as pb
 from tests.conftest import ProxyFactory
 from tests.rig.hms import MetastoreServer
 from tests.rig.listing import Listings, alter_partition, create_table, files_of, walk, write
@@ -34,18 +36,19 @@ def new_table(
     tmp_path: Path,
     partitions: tuple[str, ...] = DAYS,
     parameters: dict[str, str] | None = None,
+    **shape: Any,
 ) -> tuple[str, Path]:
     name = f"t{os.getpid()}_{next(_names)}"
     root = tmp_path / name
     root.mkdir()
-    create_table(hms.host, hms.port, DB, name, root.as_uri(), partitions, parameters)
+    create_table(hms.host, hms.port, DB, name, root.as_uri(), partitions, parameters, **shape)
     return name, root
 
 
 def test_listings_equal_a_walk_of_the_directories(
     hms: MetastoreServer, proxy_factory: ProxyFactory, tmp_path: Path
 ) -> None:
-    proxy = proxy_factory("--seal-after", "0")
+    proxy = proxy_factory("--seal-after", "0", "--notifications", "off")
     name, root = new_table(hms, tmp_path)
     for i, ds in enumerate(DAYS):
         part = root / f"ds={ds}"
@@ -112,6 +115,58 @@ def test_sealed_partitions_come_from_the_cache_and_open_ones_from_storage(
     assert [p.from_cache for p in whole] == [True, False]
     assert [p.from_cache for p in cached.table(DB, name)] == [True, True]
     assert sealed_proxy.metric("hmsproxy_listing_files_total", source="cache") >= 2 * 4
+
+
+def test_a_transactional_tables_partitions_are_never_sealed(
+    hms: MetastoreServer, proxy_factory: ProxyFactory, tmp_path: Path
+) -> None:
+    # HMS 2.3.10 takes transactional=true only on a managed, bucketed ORC table (its
+    # TransactionalValidationListener; transactional_properties=insert_only is Hive 3's and
+    # refused). Every partition is sealed under --seal-after 0, and with the marker.
+    proxy = proxy_factory(
+        "--seal-after", "0", "--seal-marker", "sealed=true", "--notifications", "off"
+    )
+    old = {"sealed": "true"}
+    acid, acid_root = new_table(
+        hms, tmp_path, DAYS, old, acid_shape=True, table_parameters={"TRANSACTIONAL": "TRUE"}
+    )
+    plain, plain_root = new_table(hms, tmp_path, DAYS, old, acid_shape=True)  # the control
+    api = Listings(proxy)
+
+    def commit(root: Path, n: int) -> None:
+        """What an ACID write leaves: a new delta directory, and no metadata change."""
+        write(root / f"ds={DAYS[0]}", f"delta_{n:07d}_{n:07d}_0000/bucket_00000")
+
+    def listed(name: str) -> pb.FileListing:
+        return api.partition(DB, name, DAYS[0], recursive=True)
+
+    for root in (acid_root, plain_root):
+        commit(root, 1)
+    first = listed(acid)
+    assert (first.sealed, first.from_cache, len(first.files)) == (False, False, 1)
+    commit(acid_root, 2)
+    second = listed(acid)
+    assert (second.sealed, second.from_cache, len(second.files)) == (False, False, 2)
+    assert files_of(second) == walk(acid_root / f"ds={DAYS[0]}", recursive=True)
+    whole = api.table(DB, acid, recursive=True)
+    assert [(p.sealed, p.from_cache) for p in whole] == [(False, False)] * len(DAYS)
+    assert api.lookups("hit") == 0 and api.lookups("miss") == 0
+
+    # The same table, not transactional: sealed, and the new delta unseen (from the cache).
+    assert listed(plain).sealed
+    commit(plain_root, 2)
+    assert (listed(plain).from_cache, len(listed(plain).files)) == (True, 1)
+
+    # Made transactional (ALTER TABLE ... SET TBLPROPERTIES): no partition changes, so its
+    # cached listings are still current, yet the next listing is live.
+    with client("127.0.0.1", proxy.port) as c:
+        converted = c.get_table(DB, plain)
+        converted.parameters["transactional"] = "true"
+        c.alter_table(DB, plain, converted)
+        assert c.get_table(DB, plain).parameters["transactional"] == "true"
+    live = listed(plain)
+    assert (live.sealed, live.from_cache, len(live.files)) == (False, False, 2)
+    assert files_of(live) == walk(plain_root / f"ds={DAYS[0]}", recursive=True)
 
 
 def test_writes_through_the_proxy_make_the_next_listing_fresh(

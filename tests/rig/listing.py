@@ -12,7 +12,7 @@ from hmsclient.genthrift.hive_metastore import ttypes as t
 from proxy.admin._gen import listing_pb2 as pb
 from proxy.admin._gen import listing_pb2_grpc as pb_grpc
 from tests.rig.proxy_process import ProxyProcess
-from tests.rig.sample import client, partition, storage_descriptor, table
+from tests.rig.sample import ORC, bucketed, client, partition, storage_descriptor, table
 
 Files = set[tuple[str, int, int]]  # (local path, size, modification time in ms)
 
@@ -25,19 +25,32 @@ def create_table(
     location: str,
     partitions: Sequence[str] = (),
     parameters: dict[str, str] | None = None,
+    *,
+    acid_shape: bool = False,
+    table_parameters: dict[str, str] | None = None,
 ) -> None:
     """A table partitioned by ``ds`` (unpartitioned if ``partitions`` is empty), each
-    partition at ``location/ds=<value>``, with ``parameters`` on every partition."""
+    partition at ``location/ds=<value>``, with ``parameters`` on every partition: external
+    and Parquet, or with ``acid_shape`` managed, bucketed and ORC (what the metastore asks
+    of a table with ``table_parameters`` ``transactional=true``)."""
+
+    def sd(where: str) -> t.StorageDescriptor:
+        if not acid_shape:
+            return storage_descriptor(where)
+        return bucketed(storage_descriptor(where, stored_as=ORC), "item", 2)
+
     with client(host, port) as c:
         if db not in c.get_all_databases():
             c.create_database(t.Database(db, "", None, {}))
         keys = ("ds",) if partitions else ()
-        sd = storage_descriptor(location)
-        c.create_table(table(db, name, sd, keys=keys, table_type="EXTERNAL_TABLE"))
+        kind = "MANAGED_TABLE" if acid_shape else "EXTERNAL_TABLE"
+        c.create_table(
+            table(db, name, sd(location), keys=keys, parameters=table_parameters, table_type=kind)
+        )
         if partitions:
             c.add_partitions(
                 [
-                    partition(db, name, [ds], storage_descriptor(f"{location}/ds={ds}"), parameters)
+                    partition(db, name, [ds], sd(f"{location}/ds={ds}"), parameters)
                     for ds in partitions
                 ]
             )

@@ -34,6 +34,14 @@ PARQUET = (
     "org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe",
     {"serialization.format": "1"},
 )
+# What HMS 2.3.10's TransactionalValidationListener accepts for transactional=true: ORC (an
+# ACID input and output format), bucketed (see ``bucketed``), in a managed table.
+ORC = (
+    "org.apache.hadoop.hive.ql.io.orc.OrcInputFormat",
+    "org.apache.hadoop.hive.ql.io.orc.OrcOutputFormat",
+    "org.apache.hadoop.hive.ql.io.orc.OrcSerde",
+    {},
+)
 TEXT = (
     "org.apache.hadoop.mapred.TextInputFormat",
     "org.apache.hadoop.hive.ql.io.HiveIgnoreKeyTextOutputFormat",
@@ -65,6 +73,13 @@ def storage_descriptor(
         sortCols=[],
         parameters={},
     )
+
+
+def bucketed(sd: Any, column: str, buckets: int) -> Any:
+    """``sd`` clustered by ``column`` into ``buckets`` buckets."""
+    sd.numBuckets = buckets
+    sd.bucketCols = [column]
+    return sd
 
 
 def table(

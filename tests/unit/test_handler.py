@@ -156,10 +156,11 @@ def test_get_partitions_by_names_is_assembled_from_cached_partitions() -> None:
     asyncio.run(run())
 
 
-def test_partitions_out_of_name_order_turn_assembly_off_and_pass_through() -> None:
+def test_partitions_out_of_name_order_turn_assembly_off_and_are_cached_whole() -> None:
     """A metastore that does not answer in partition-name order (say, another database
-    collation): its reply goes to the client as it is, and from then on nothing is
-    assembled (every such call goes to the metastore whole)."""
+    collation, or Impala's catalogd, which does not sort): its reply goes to the client as it
+    is, and from then on nothing is assembled (every such reply is cached whole, under its
+    request's own bytes)."""
 
     async def run() -> None:
         async with rig() as r:
@@ -181,7 +182,49 @@ def test_partitions_out_of_name_order_turn_assembly_off_and_pass_through() -> No
                     "get_partitions_by_names", seqid, db_name=DB, tbl_name=T, names=asked
                 )
             assert r.cache is not None and r.cache.partitions.assemble is False
+            assert r.hms.calls["get_partitions_by_names"] == 1  # the second: cached whole
+            # Two of those partitions, which an assembly would have sorted: the metastore's.
+            asked = names(DAYS[0], DAYS[2])
+            reply = await r.call(
+                s, "get_partitions_by_names", 3, db_name=DB, tbl_name=T, names=asked
+            )
+            assert reply == r.hms.answer(
+                "get_partitions_by_names", 3, db_name=DB, tbl_name=T, names=asked
+            )
+            assert [p.values for p in result_of(reply).success] == [[DAYS[2]], [DAYS[0]]]
             assert r.hms.calls["get_partitions_by_names"] == 2
+
+    asyncio.run(run())
+
+
+def test_a_subset_out_of_name_order_turns_assembly_off_too() -> None:
+    """The order is checked on the replies to the proxy's own requests for the partitions
+    it lacks as well: an assembled reply would be sorted where the metastore's is not."""
+
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS)
+            have = r.hms.partitions[(DB, T)]
+            s = SessionState("a")
+            await r.call(
+                s, "get_partitions_by_names", 1, db_name=DB, tbl_name=T, names=names(DAYS[0])
+            )
+
+            def unordered(conn: Any, args: Any) -> Any:
+                found = [have[n] for n in sorted(set(args.names), reverse=True) if n in have]
+                return idl.result_class("get_partitions_by_names")(success=found)
+
+            r.hms.answers["get_partitions_by_names"] = unordered
+            asked = names(*DAYS)
+            reply = await r.call(
+                s, "get_partitions_by_names", 2, db_name=DB, tbl_name=T, names=asked
+            )
+            assert r.hms.received[-2].args.names == names(DAYS[1], DAYS[2])  # the subset
+            assert r.hms.received[-1].args.names == asked  # then the request itself
+            assert reply == r.hms.answer(
+                "get_partitions_by_names", 2, db_name=DB, tbl_name=T, names=asked
+            )
+            assert r.cache is not None and r.cache.partitions.assemble is False
 
     asyncio.run(run())
 

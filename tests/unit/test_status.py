@@ -26,6 +26,15 @@ def test_busiest_tables_stay_bounded_and_keep_the_heavy_hitters() -> None:
     assert 0 < hits <= 1_500  # hits count from when the table last entered the list
 
 
+def test_tables_of_one_name_in_two_catalogs_have_rows_of_their_own() -> None:
+    """Their versions are shared (proxy.cache.keys), their rows are not."""
+    activity = Activity(show_names=True)
+    activity.looked_up(TableRef.of("db", "t"), hit=True)
+    activity.looked_up(TableRef.of("@spark#db", "t"), hit=False)
+    activity.looked_up(TableRef.of("@hive#db", "t"), hit=False)
+    assert sorted(activity.busiest(5)) == [("db.t", 2, 1), ("spark.db.t", 1, 0)]
+
+
 @settings(max_examples=100)
 @given(st.lists(st.integers(0, 40), max_size=400), st.integers(1, 12))
 def test_space_saving_never_misses_a_table_above_the_error_bound(
