@@ -32,7 +32,7 @@ from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.fences import LockFences
 from proxy.cache.l1 import L1
 from proxy.cache.partition_reads import PartitionReads
-from proxy.cache.plan import FLUSH, Planner, ReadPlan, WritePlan
+from proxy.cache.plan import Planner, ReadPlan, WritePlan
 from proxy.cache.reads import ReadCall, Seen, Served, WholeReads
 from proxy.cache.store import MemoryStore, Store
 from proxy.cache.writes import MAX_PENDING, Changes, Invalidations, WriteIntent
@@ -163,16 +163,12 @@ class CacheEngine:
     def plan_write(self, spec: MethodSpec, message: Message) -> WritePlan:
         """What a write invalidates. Arguments are decoded only where they name something (a
         write with no targets may have no declaration in the IDL)."""
-        if spec.flushes:
-            return FLUSH
         if not spec.targets:
             return self.planner.write(spec, None)
         try:
             args = idl.decode_args(spec.name, message.body)
         except ProtocolError:
             args = None
-        if args is not None and spec.names_nothing(args):
-            return WritePlan()
         return self.planner.write(spec, args)
 
     # -- the read-through ------------------------------------------------------------------

@@ -350,10 +350,14 @@ class Planner:
 
     def write(self, spec: MethodSpec, args: Any | None) -> WritePlan:
         """What a write that reached the metastore invalidates (success or not)."""
+        if spec.flushes:
+            return FLUSH  # what it changes cannot be named (see the catalog)
         if spec.kind is not Kind.WRITE or spec.scope == Scope.NONE:
             return WritePlan()
         if spec.name == "drop_catalog" or (spec.targets and args is None):
             return FLUSH
+        if spec.names_nothing(args):
+            return WritePlan()  # an optional list of targets, absent or empty
         scope = spec.scope
         inv = self.invalidation()
         for target in spec.targets:

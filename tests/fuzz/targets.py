@@ -593,12 +593,10 @@ def plan_read(
 
 def plan_write(planner: Planner, spec: MethodSpec | None, args: Any | None) -> WritePlan:
     """``CacheEngine.plan_write`` (and the handler's FLUSH for unknown methods)."""
-    if spec is None or spec.flushes:
+    if spec is None:
         return FLUSH
     try:
-        if args is not None and spec.targets and spec.names_nothing(args):
-            return WritePlan()
-        return planner.write(spec, args)
+        return planner.write(spec, args if spec.targets else None)
     except Exception as exc:
         raise _crash("planner", exc) from exc
 
