@@ -79,6 +79,8 @@ class MethodSpec:
     cascade: str | None = None  # path to a cascade flag (bool or EnvironmentContext)
     flushes: bool = False  # what it changes cannot be named: everything is invalidated
     optional: str | None = None  # path to the targets' list: absent or empty, nothing changed
+    flush_if: tuple[str, ...] = ()  # paths to arguments that, when given, change unnamed things
+    uncached_if: str | None = None  # path to a flag: when true, the reply is not cached
 
     @property
     def retryable(self) -> bool:
@@ -90,6 +92,15 @@ class MethodSpec:
         there is nothing to invalidate. (Entries that do not say which database they are in
         are another matter: those flush.)"""
         return self.optional is not None and not any(resolve(self.optional, args))
+
+    def flushes_with(self, args: Any) -> bool:
+        """Whether an argument given names what it changes in a way the proxy cannot map."""
+        return self.flushes or any(resolve(path, args) for path in self.flush_if)
+
+    def uncached_with(self, args: Any) -> bool:
+        return self.uncached_if is not None and any(
+            v is True for v in resolve(self.uncached_if, args)
+        )
 
 
 _TABLE: dict[str, MethodSpec] = {}
@@ -116,6 +127,7 @@ def cached(
     negative: bool = False,
     per_partition: bool = False,
     wide: bool = False,
+    uncached_if: str | None = None,
 ) -> None:
     targets = (_target(db, table, *partitions, tables=tables),) if db else ()
     _add(
@@ -127,6 +139,7 @@ def cached(
             negative=negative,
             per_partition=per_partition,
             wide=wide,
+            uncached_if=uncached_if,
         )
     )
 
@@ -143,6 +156,7 @@ def write(
     renamed_to: str | None = None,
     cascade: str | None = None,
     optional: str | None = None,
+    flush_if: tuple[str, ...] = (),
 ) -> None:
     _add(
         MethodSpec(
@@ -153,6 +167,7 @@ def write(
             renamed_to=renamed_to,
             cascade=cascade,
             optional=optional,
+            flush_if=flush_if,
         )
     )
 
@@ -342,6 +357,9 @@ cached(
     "req.tbl_name",
     "names:req.names",
     per_partition=True,
+    # File metadata (Hive 4, which Impala's catalogd serves) is read from the file system:
+    # files change with no metastore write, so such replies are never cached.
+    uncached_if="req.getFileMetadata",
 )
 cached("get_partitions", WHOLE_LIST, "db_name", "tbl_name")
 cached("get_partitions_pspec", WHOLE_LIST, "db_name", "tbl_name")
@@ -617,12 +635,15 @@ write(
     P | ST,
     T("rqst.db", "rqst.table", "values:rqst.requestList[*].partitionVals"),
 )
-# A commit changes nothing the cache holds: tables, partitions and statistics a transaction
-# changes are changed by their own calls during it (alter_*, update_*_statistics*, which
-# invalidate), and reads of a snapshot carry their validWriteIdList in their key. Only a
+# An engine's commit changes nothing the cache holds: tables, partitions and statistics a
+# transaction changes are changed by their own calls during it (alter_*, update_*_statistics*,
+# which invalidate), and reads of a snapshot carry their validWriteIdList in their key. A
 # replicated transaction's commit names the writes it brings (writeEventInfos): those tables'
-# and partitions' files changed. Without them it names nothing and invalidates nothing (never
-# a flush). Never retried, like every write; its lock fences are settled in proxy.cache.locks.
+# and partitions' files changed. Two more fields change metadata (Hive's CommitTxnFunction):
+# replLastIdInfo writes repl.last.id into database, table and partition parameters (at the
+# end of a REPL LOAD), keyValue a table's parameter, naming the table by id only: either one
+# flushes. With none of the three a commit invalidates nothing. Never retried, like every
+# write; its lock fences are settled in proxy.cache.locks.
 write(
     "commit_txn",
     P | ST,
@@ -632,10 +653,13 @@ write(
         "name:rqst.writeEventInfos[*].partition",
     ),
     optional="rqst.writeEventInfos",
+    flush_if=("rqst.replLastIdInfo", "rqst.keyValue"),
 )
-# An ACID insert's change of a table's row counts (Hive 4), sent in the foreground by the
-# writer: the table is named by its id only, which the proxy cannot map to a name. Flush.
-flushing("update_transaction_statistics")
+# An ACID write's row counts (Hive 4, sent by the writer after each INSERT, UPDATE or DELETE,
+# once per partition written): the HMS adds them to the counters of the materialized views
+# that use the table (MV_TABLES_USED), which only get_materialization_invalidation_info
+# reads, uncached. Nothing the cache holds changes.
+state("update_transaction_statistics")
 
 # --- Hive 3 and 4: reads forwarded every time, and server state (see proxy.catalog_hive4) ---
 uncached(*hive4.TXN_READS, *hive4.SERVER_READS, *hive4.STORE_READS, *hive4.DRY_RUNS)

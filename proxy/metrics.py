@@ -196,7 +196,7 @@ class Metrics:
             Counter(
                 "hmsproxy_bridged_calls",
                 "Calls of methods the metastore removed (HMS 4.0.1's get_table, "
-                "get_table_objects_by_name) answered through their _req form, by method",
+                "get_table_objects_by_name) sent to it as their _req form, by method",
                 ["method"],
                 registry=r,
             )

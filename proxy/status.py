@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy import __version__
-from proxy.cache.keys import TableRef
+from proxy.cache.keys import DEFAULT_CATALOG, TableRef
 from proxy.metrics import Metrics
 
 TOP_TABLES = 10
@@ -87,7 +87,7 @@ class Activity:
 
     def name(self, table: TableRef) -> str:
         if self.show_names:
-            prefix = "" if table.catalog == "hive" else f"{table.catalog}."
+            prefix = "" if table.catalog == DEFAULT_CATALOG else f"{table.catalog}."
             full = f"{prefix}{table.db}.{table.table}"
             return full if len(full) <= MAX_NAME else full[: MAX_NAME - 1] + "\u2026"
         key = "\x00".join((table.catalog, table.db, table.table)).encode()
@@ -95,7 +95,7 @@ class Activity:
 
     def looked_up(self, table: TableRef, hit: bool) -> None:
         # The table's versions are shared by every catalog (proxy.cache.keys): not its row.
-        tag = table.tag if table.catalog == "hive" else f"{table.catalog}:{table.tag}"
+        tag = table.tag if table.catalog == DEFAULT_CATALOG else f"{table.catalog}:{table.tag}"
         counts = self._tables.get(tag)
         if counts is None:
             floor = 0

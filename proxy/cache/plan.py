@@ -225,6 +225,8 @@ class Planner:
         self, spec: MethodSpec, args: Any, args_bytes: bytes, identity: bytes | None
     ) -> ReadPlan | None:
         assert spec.kind is Kind.CACHEABLE_READ
+        if spec.uncached_with(args):
+            return None
         refs: list[VersionRef] = []
         tags: list[str] = []
 
@@ -355,6 +357,8 @@ class Planner:
         if spec.kind is not Kind.WRITE or spec.scope == Scope.NONE:
             return WritePlan()
         if spec.name == "drop_catalog" or (spec.targets and args is None):
+            return FLUSH
+        if spec.flushes_with(args):
             return FLUSH
         if spec.names_nothing(args):
             return WritePlan()  # an optional list of targets, absent or empty

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from proxy.cache.dictionaries import Dictionaries
-from proxy.cache.keys import EPOCH, Naming, TableRef
+from proxy.cache.keys import DEFAULT_CATALOG, EPOCH, Naming, TableRef
 from proxy.cache.l1 import L1
 from proxy.cache.plan import FLUSH, Bump, WritePlan
 from proxy.cache.store import CacheUnavailable, Store
@@ -86,7 +86,9 @@ class Invalidations:
         bumps = list(plan.bumps)
         for database in plan.databases_dropped:
             name = (
-                database.db if database.catalog == "hive" else f"@{database.catalog}#{database.db}"
+                database.db
+                if database.catalog == DEFAULT_CATALOG
+                else f"@{database.catalog}#{database.db}"
             )
             try:
                 tables = await list_tables(name)

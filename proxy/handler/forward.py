@@ -167,14 +167,16 @@ class Forwarder:
         lacks = bridgeable and bridge.unknown_method(result)
         bridged = bridge.request(message) if lacks else None
         if bridged is not None:
-            self.removals.learn(conn.endpoint, header.name)
-            log.warning(
-                "metastore %s does not serve %s (HMS 4.0.1 or later): old clients' calls go "
-                "to it as %s from now on",
-                conn.endpoint,
-                header.name,
-                bridge.REPLACEMENTS[header.name],
-            )
+            if self.removals.learn(conn.endpoint, header.name):
+                log.warning(
+                    "bridging %s as %s for %s: the metastore does not serve %s (HMS 4.0.1 or "
+                    "later); old clients' calls of it go as %s from now on",
+                    header.name,
+                    bridge.REPLACEMENTS[header.name],
+                    conn.endpoint,
+                    header.name,
+                    bridge.REPLACEMENTS[header.name],
+                )
             return await self._bridged(conn, bridged, message, client, keep)
         if client is None:
             return result

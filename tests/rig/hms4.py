@@ -155,3 +155,19 @@ class Hms401:
                 writer.write(data)
                 await writer.drain()
         writer.close()
+
+
+def main() -> None:
+    """``python -m tests.rig.hms4 HOST PORT``: the simulation in a process of its own (for
+    benchmarks, whose timing must not share an interpreter with it); prints its port."""
+    import sys
+    import time
+
+    with Hms401(sys.argv[1], int(sys.argv[2])) as relay:
+        print(f"PORT {relay.port}", flush=True)
+        while True:
+            time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()

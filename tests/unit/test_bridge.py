@@ -371,7 +371,7 @@ def test_the_lesson_is_logged_once_per_metastore(caplog: pytest.LogCaptureFixtur
 
     with caplog.at_level(logging.WARNING):
         asyncio.run(run())
-    lines = [r for r in caplog.records if "does not serve get_table" in r.getMessage()]
+    lines = [r for r in caplog.records if "bridging get_table as" in r.getMessage()]
     assert len(lines) == 1
 
 

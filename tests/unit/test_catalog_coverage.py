@@ -182,6 +182,8 @@ HOUSEKEEPING = {
     "add_runtime_stats": {},
     "get_lock_materialization_rebuild": {},
     "heartbeat_lock_materialization_rebuild": {},
+    # Not background, but after every ACID write of a Hive 4 HiveServer2 (see below).
+    "update_transaction_statistics": {},
 }
 BACKGROUND = {**COMPACTION_WORKER, **SCHEDULED_QUERIES, **HOUSEKEEPING}
 
@@ -258,10 +260,32 @@ def test_write_notifications_invalidate_the_partitions_whose_files_changed() -> 
     assert (key, "table") not in bumped(plan)
 
 
-def test_transactional_statistics_name_their_table_by_id_only_and_flush() -> None:
+def test_transactional_row_counts_change_nothing_the_cache_holds() -> None:
+    """update_transaction_statistics follows every Hive 4 ACID write (once per partition):
+    it only adds to materialized views' counters (MV_TABLES_USED), never cached. A flush here
+    would empty the cache on every INSERT into a transactional table."""
     spec = catalog.lookup("update_transaction_statistics")
-    assert spec is not None and spec.flushes and not spec.retryable
-    assert engine().plan_write(spec, call("update_transaction_statistics")).flush_all
+    assert spec is not None and spec.kind is Kind.WRITE and not spec.retryable
+    plan = handler_plan("update_transaction_statistics", call("update_transaction_statistics"))
+    assert plan is not None and plan.empty
+
+
+@pytest.mark.parametrize(
+    "rqst",
+    [
+        # The end of a REPL LOAD: repl.last.id goes into database, table, partition parameters.
+        M.CommitTxnRequest(
+            txnid=7, replPolicy="p", replLastIdInfo=M.ReplLastIdInfo("sales", 42, "orders")
+        ),
+        M.CommitTxnRequest(txnid=7, replLastIdInfo=M.ReplLastIdInfo("sales", 42)),
+        # A table parameter set with the commit, the table named by its id only.
+        M.CommitTxnRequest(txnid=7, keyValue=M.CommitTxnKeyValue(12, "_meta.offset", "99")),
+    ],
+)
+def test_commits_that_write_parameters_the_proxy_cannot_place_flush(rqst: Any) -> None:
+    spec = catalog.lookup("commit_txn")
+    assert spec is not None
+    assert engine().plan_write(spec, call("commit_txn", rqst=rqst)).flush_all
 
 
 # -- other writes of Hive 3 and 4 --------------------------------------------------------------
@@ -314,3 +338,21 @@ def test_functions_of_hive_42_are_cached_like_the_older_calls() -> None:
         (versions(CATALOG_TAG), EPOCH),
         (versions(CATALOG_TAG), "functions"),
     }
+
+
+def test_partitions_with_file_metadata_are_not_cached() -> None:
+    """Hive 4's getFileMetadata (Impala's catalogd answers it) reads the file system, which
+    changes with no metastore write."""
+    spec = catalog.lookup("get_partitions_by_names_req")
+    assert spec is not None
+    ask = {"db_name": "sales", "tbl_name": "orders", "names": ["ds=1"]}
+    with_files = call(
+        "get_partitions_by_names_req",
+        req=M.GetPartitionsByNamesRequest(**ask, getFileMetadata=True),
+    )
+    without = call(
+        "get_partitions_by_names_req",
+        req=M.GetPartitionsByNamesRequest(**ask, getFileMetadata=False),
+    )
+    assert engine().plan_read(spec, with_files, None) is None
+    assert engine().plan_read(spec, without, None) is not None

@@ -98,7 +98,7 @@ BY_NAMES_FIELDS = {
     "engine, another": (7, text("impala")),
     "validWriteIdList": (8, text("db.t:5:9223372036854775807::")),
     "validWriteIdList, another": (8, text("db.t:6:9223372036854775807::")),
-    "getFileMetadata": (9, flag(True)),
+    "getFileMetadata=false": (9, flag(False)),  # true: never cached (see below)
     "id": (10, Value(I64, 42)),
     "skipColumnSchemaForPartition": (11, flag(True)),
     "includeParamKeyPattern": (12, text("numFiles%")),
@@ -126,6 +126,15 @@ def test_by_names_variants_differ_by_every_hive4_field_and_not_by_the_names() ->
         assert first.partitions is not None
         assert first.partitions.variant not in (base.partitions.variant, None), name
     assert len(set(variants.values())) == len(variants), variants
+
+
+def test_by_names_asking_for_file_metadata_are_never_cached() -> None:
+    """File metadata is read from the file system, which changes with no metastore write."""
+    method = "get_partitions_by_names_req"
+    spec = catalog.lookup(method)
+    assert spec is not None
+    raw = request_args(*BY_NAMES_BASE, (9, flag(True)))
+    assert PLANNER.read(spec, idl.decode_args(method, raw), raw, None) is None
 
 
 def test_old_style_by_names_variants_see_fields_the_idl_does_not_know() -> None:
@@ -230,7 +239,9 @@ def with_dictionary(seqid: int) -> bytes:
 
 def test_a_reply_with_a_dictionary_is_cached_whole_and_served_byte_for_byte() -> None:
     method = "get_partitions_by_names_req"
-    args = request_args(*BY_NAMES_BASE, (9, flag(True)))
+    # (The dictionary comes with getFileMetadata, which is never cached; a reply that carries
+    # one anyway, for whatever request, is cached whole.)
+    args = request_args(*BY_NAMES_BASE, (7, text("impala")))
     assert parts.split(method, with_dictionary(1)[len(message(method, 2, 1, b"")) :]) is None
 
     async def run() -> None:
@@ -249,7 +260,9 @@ def test_a_reply_with_a_dictionary_is_cached_whole_and_served_byte_for_byte() ->
             assert await raw_call(r, method, 3, args) == with_dictionary(3)
             assert r.hms.calls[method] == 2
             # Another request (other names, or other fields) is not answered with it.
-            other = request_args(*BY_NAMES_BASE[:2], (3, strings("ds=2024-01-01")), (9, flag(True)))
+            other = request_args(
+                *BY_NAMES_BASE[:2], (3, strings("ds=2024-01-01")), (7, text("impala"))
+            )
             await raw_call(r, method, 4, other)
             assert r.hms.calls[method] == 3
 
@@ -260,7 +273,7 @@ def test_a_whole_reply_that_raced_a_write_is_never_served() -> None:
     """Kept under the versions read before the call: a write that lands while the metastore
     answers leaves the entry dead, as for any fill."""
     method = "get_partitions_by_names_req"
-    args = request_args(*BY_NAMES_BASE, (9, flag(True)))
+    args = request_args(*BY_NAMES_BASE, (7, text("impala")))
 
     async def run() -> None:
         async with rig() as r:
