@@ -31,7 +31,15 @@ from __future__ import annotations
 import struct
 from collections.abc import Hashable
 
-from proxy.wire.binary import AppErrorType, MessageType, StructScanner, TType, encode_header
+from proxy.wire.binary import (
+    AppErrorType,
+    MessageType,
+    Scanner,
+    StructScanner,
+    TType,
+    encode_header,
+    parse_header,
+)
 from proxy.wire.errors import ProtocolError
 from proxy.wire.fields import FieldSpan, field_spans, find, skip_value
 from proxy.wire.framing import Message
@@ -207,3 +215,99 @@ class Removals:
         new = (endpoint, name) not in self._removed
         self._removed.add((endpoint, name))
         return new
+
+
+class ReplyStream:
+    """The reply to a bridged call, rewritten as its bytes arrive (pure): feed it the
+    metastore's bytes, send what it returns, and what :meth:`finish` returns at the end.
+
+    Up to ``hold_limit`` bytes it holds the reply and rewrites it whole (:func:`reply`), as
+    most replies are. A bigger one, which only ``get_table_objects_by_name`` of a large
+    database makes, is streamed instead, so that it never sits in memory: the new header
+    goes out, then the list's bytes as each table in it is complete (the message scanner
+    finds their ends), then the old result's STOP; whatever follows the list in the
+    ``_req`` result struct is read, checked and dropped, as in :func:`reply`.
+    """
+
+    def __init__(self, name: str, seqid: int, hold_limit: int) -> None:
+        self.name = name
+        self.seqid = seqid
+        self.hold_limit = hold_limit
+        self.streaming = False
+        self._buf = bytearray()
+        self._left = 0  # tables of the list not yet complete
+        self._scanner: Scanner | None = None  # on the table in progress
+
+    def feed(self, data: bytes) -> bytes:
+        self._buf += data
+        if not self.streaming:
+            if len(self._buf) <= self.hold_limit:
+                return b""
+            return self._start()
+        return self._tables()
+
+    def finish(self) -> bytes:
+        """The rest of the rewritten reply, once the metastore's has ended."""
+        buf = bytes(self._buf)
+        self._buf.clear()
+        if not self.streaming:
+            header = parse_header(buf, 0, len(buf))
+            if header is None:
+                raise BridgeError("no reply header")
+            return reply(self.name, self.seqid, Message(header, buf))
+        if self._left:
+            raise BridgeError("the reply ended inside its list")
+        try:
+            _, end = field_spans(buf, 0)  # the rest of the _req result struct: dropped
+        except (ProtocolError, struct.error, IndexError) as exc:
+            raise BridgeError(f"after the list: {exc}") from exc
+        if buf[end:] != b"\x00":
+            raise BridgeError("bytes after the result struct")
+        return b"\x00"
+
+    def _start(self) -> bytes:
+        buf = self._buf
+        try:
+            header = parse_header(buf, 0, len(buf))
+        except ProtocolError as exc:
+            raise BridgeError(f"reply header: {exc}") from exc
+        at = header.length if header is not None else 0
+        shape = bytes((TType.STRUCT, 0, 0, TType.LIST, 0, 1, TType.STRUCT))
+        if (
+            header is None
+            or header.type != MessageType.REPLY
+            or _RESULT[self.name] != TType.LIST
+            or bytes(buf[at : at + 7]) != shape
+            or len(buf) < at + 10
+        ):
+            raise BridgeError(f"a {REPLACEMENTS[self.name]} reply over {self.hold_limit} bytes")
+        (self._left,) = _I32.unpack_from(buf, at + 7)
+        if self._left < 0:
+            raise BridgeError("negative list size")
+        self.streaming = True
+        head = encode_header(self.name, MessageType.REPLY, self.seqid)
+        head += _FIELD.pack(TType.LIST, 0) + bytes(buf[at + 6 : at + 11])
+        del buf[: at + 11]
+        return head + self._tables()
+
+    def _tables(self) -> bytes:
+        """The tables completed so far, dropped from the buffer."""
+        buf = self._buf
+        done = 0
+        while self._left:
+            if self._scanner is None:
+                self._scanner = StructScanner(done, len(buf) + (1 << 62))
+            try:
+                finished = self._scanner.scan(buf, len(buf))
+            except ProtocolError as exc:
+                raise BridgeError(f"a table in the list: {exc}") from exc
+            if not finished:
+                break
+            done = self._scanner.pos
+            self._scanner = None
+            self._left -= 1
+        out = bytes(buf[:done])
+        del buf[:done]
+        if self._scanner is not None:
+            self._scanner.rebase(done)
+        return out

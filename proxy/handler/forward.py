@@ -35,7 +35,7 @@ from proxy.wire.binary import (
     encode_header,
     parse_header,
 )
-from proxy.wire.framing import Message
+from proxy.wire.framing import Message, Transport
 
 log = logging.getLogger(__name__)
 
@@ -190,22 +190,36 @@ class Forwarder:
         client: ClientChannel | None,
         keep: OnReply | None,
     ) -> str | Message:
-        """A removed method's call, sent as its ``_req`` form; the reply in the old shape."""
+        """A removed method's call, sent as its ``_req`` form; the reply in the old shape:
+        streamed to a buffered client (held whole up to the keep limit, see
+        :class:`bridge.ReplyStream`), held whole otherwise."""
         header = message.header
         upstream = bridge.REPLACEMENTS[header.name]
-        held = await self._call(conn, request, upstream, header.seqid, None, False, None)
-        assert isinstance(held, Message)
-        try:
-            data = bridge.reply(header.name, header.seqid, held)
-        except bridge.BridgeError as exc:
-            raise started(UpstreamProtocolError(str(exc)), False) from exc
         self.metrics.bridged_calls.labels(header.name).inc()
-        reply_header = parse_header(data, 0, len(data))
-        assert reply_header is not None
-        reply = Message(reply_header, data)
-        if client is None:
-            return reply
-        return await self._answer(reply, client, keep)
+        if client is None or client.transport is not Transport.BUFFERED:
+            held = await self._call(conn, request, upstream, header.seqid, None, False, None)
+            assert isinstance(held, Message)
+            try:
+                reply = _message(bridge.reply(header.name, header.seqid, held))
+            except bridge.BridgeError as exc:
+                raise started(UpstreamProtocolError(str(exc)), False) from exc
+            return reply if client is None else await self._answer(reply, client, keep)
+        channel = _Rewritten(client, bridge.ReplyStream(header.name, header.seqid, self.keep_limit))
+
+        async def kept(whole: Message) -> None:  # the cache keeps what the client gets
+            assert keep is not None
+            await keep(_message(bridge.reply(header.name, header.seqid, whole)))
+
+        on_reply = kept if keep is not None else None
+        try:
+            outcome = await self._call(
+                conn, request, upstream, header.seqid, channel, False, on_reply
+            )
+            assert isinstance(outcome, str)
+            await channel.finish()
+        except bridge.BridgeError as exc:
+            raise started(UpstreamProtocolError(str(exc)), channel.sent) from exc
+        return outcome
 
     async def _answer(self, reply: Message, client: ClientChannel, keep: OnReply | None) -> str:
         """Send a reply held whole (kept first, as a relayed one would be)."""
@@ -274,6 +288,37 @@ class Forwarder:
             f"hms-cache-proxy: metastore call failed: {exc}",
         )
         return "upstream_error"
+
+
+def _message(data: bytes) -> Message:
+    header = parse_header(data, 0, len(data))
+    assert header is not None
+    return Message(header, data)
+
+
+class _Rewritten:
+    """A client channel that passes a bridged reply through its :class:`bridge.ReplyStream`."""
+
+    transport = Transport.BUFFERED
+
+    def __init__(self, client: ClientChannel, rewrite: bridge.ReplyStream) -> None:
+        self.client = client
+        self.rewrite = rewrite
+        self.sent = False  # whether any byte of the reply reached the client
+
+    async def send(self, data: bytes) -> None:
+        out = self.rewrite.feed(data)
+        if out:
+            self.sent = True
+            await self.client.send(out)
+
+    async def send_message(self, head: bytes, rest: memoryview) -> None:
+        await self.send(head + bytes(rest))
+
+    async def finish(self) -> None:
+        out = self.rewrite.finish()
+        self.sent = True
+        await self.client.send(out)
 
 
 async def fail(client: ClientChannel, message: Message, kind: AppErrorType, text: str) -> None:
