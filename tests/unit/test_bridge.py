@@ -20,6 +20,7 @@ from thrift.transport.TTransport import TMemoryBuffer
 from proxy import bridge, idl
 from proxy.handler import SessionState
 from proxy.wire.binary import MessageType
+from proxy.wire.framing import Transport
 from tests.rig.raw import seqid_of, without_seqid
 from tests.unit.inprocess import Client, message, rig
 from tests.unit.scripted_hms import application_exception, header_of, result_of
@@ -519,5 +520,35 @@ def test_a_big_bridged_reply_reaches_the_client_byte_for_byte() -> None:
             assert len(got) > r.handler.forwarder.keep_limit  # so it was streamed
             again = await r.call(SessionState("a"), "get_table_objects_by_name", 6, **ask)
             assert again == r.hms.answer("get_table_objects_by_name", 6, **ask)
+
+    asyncio.run(run())
+
+
+def test_a_framed_client_gets_the_bridged_reply_in_one_frame() -> None:
+    async def run() -> None:
+        async with rig(removed=REMOVED) as r:
+            r.hms.add_table("d", "t")
+            for seqid in (1, 2):  # a miss, then a hit
+                client = Client(Transport.FRAMED)
+                call = message(idl.encode_call("get_table", seqid, dbname="d", tbl_name="t"))
+                await r.handler.handle(SessionState("a"), call, client)
+                assert client.reply() == r.hms.answer("get_table", seqid, dbname="d", tbl_name="t")
+            assert r.hms.calls["get_table_req"] == 1
+
+    asyncio.run(run())
+
+
+def test_a_stale_pooled_connection_is_retried_through_the_bridge() -> None:
+    """A read the HMS dropped while idle is retried once on a fresh connection, bridged."""
+
+    async def run() -> None:
+        async with rig(cache=False, removed=REMOVED) as r:
+            r.hms.add_table("d", "t")
+            await r.call(SessionState("a"), "get_table", 1, dbname="d", tbl_name="t")
+            for conn in r.hms.open_connections:
+                conn.close()  # the metastore drops the idle connection
+            got = await r.call(SessionState("a"), "get_table", 2, dbname="d", tbl_name="t")
+            assert got == r.hms.answer("get_table", 2, dbname="d", tbl_name="t")
+            assert r.hms.calls["get_table"] == 1  # learned once, per metastore, not per connection
 
     asyncio.run(run())
