@@ -41,7 +41,7 @@ from proxy.wire.binary import (
     parse_header,
 )
 from proxy.wire.errors import ProtocolError
-from proxy.wire.fields import FieldSpan, field_spans, find, skip_value
+from proxy.wire.fields import FieldSpan, field_spans, find
 from proxy.wire.framing import Message
 
 # The removed method -> the form that replaces it.
@@ -112,7 +112,7 @@ def reply(name: str, seqid: int, upstream: Message) -> bytes:
     if kind == MessageType.EXCEPTION:
         return head + body  # the TApplicationException, byte for byte
     try:
-        fields, end = _fields(body, 0)
+        fields, end = field_spans(body, 0)
         if end != len(body):
             raise BridgeError("bytes after the result struct")
         parts = [_moved(name, body, f) if f.fid == 0 else _copied(body, f) for f in fields]
@@ -127,7 +127,7 @@ def _moved(name: str, body: bytes, span: FieldSpan) -> bytes:
     """Result field 0: the payload of the ``_req`` result struct, as the old field 0."""
     if span.ttype != TType.STRUCT:
         raise BridgeError(f"result field 0 has type {span.ttype}, not a struct")
-    inner, _ = _fields(body, span.value)
+    inner, _ = field_spans(body, span.value)
     payload = find(inner, 1)
     if payload is None or payload.ttype != _RESULT[name]:
         raise BridgeError("the result struct has no field 1 of the expected type")
@@ -136,47 +136,6 @@ def _moved(name: str, body: bytes, span: FieldSpan) -> bytes:
 
 def _copied(body: bytes, span: FieldSpan) -> bytes:
     return body[span.start : span.end]
-
-
-def _fields(buf: bytes, start: int) -> tuple[list[FieldSpan], int]:
-    """The fields of the struct at ``start`` (not their insides), and where it ends.
-
-    Like :func:`proxy.wire.fields.field_spans`, but structs (a ``Table``, a list of them)
-    are skipped by the message scanner, in C, instead of walked field by field in Python:
-    a bridged reply is a hot path, and its ``Table`` has hundreds of fields inside."""
-    spans: list[FieldSpan] = []
-    pos = start
-    while True:
-        if pos >= len(buf):
-            raise ProtocolError("struct has no end")
-        ttype = buf[pos]
-        if ttype == TType.STOP:
-            return spans, pos + 1
-        _, fid = _FIELD.unpack_from(buf, pos)
-        end = _value_end(buf, pos + 3, ttype)
-        spans.append(FieldSpan(fid, ttype, pos, pos + 3, end))
-        pos = end
-
-
-def _value_end(buf: bytes, pos: int, ttype: int) -> int:
-    if ttype == TType.STRUCT:
-        return _struct_end(buf, pos)
-    if ttype == TType.LIST and buf[pos] == TType.STRUCT:
-        (count,) = _I32.unpack_from(buf, pos + 1)
-        if count < 0:
-            raise ProtocolError("negative list size")
-        end = pos + 5
-        for _ in range(count):
-            end = _struct_end(buf, end)
-        return end
-    return skip_value(buf, pos, ttype)
-
-
-def _struct_end(buf: bytes, pos: int) -> int:
-    scanner = StructScanner(pos, len(buf))
-    if not scanner.scan(buf, len(buf)):
-        raise ProtocolError("struct runs past the end of the reply")
-    return scanner.pos
 
 
 def _split_catalog(db: bytes) -> tuple[bytes | None, bytes]:

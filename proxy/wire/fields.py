@@ -1,8 +1,9 @@
 """Byte spans of the fields of a binary-encoded struct (sans-I/O).
 
-Used on small structs (call arguments) to compute keys over "all arguments but one" and to
-rewrite one field of a request without decoding and re-encoding the rest, so fields this
-proxy's IDL does not know survive untouched.
+Used to compute keys over "all arguments but one", to rewrite one field of a request without
+decoding and re-encoding the rest (so fields this proxy's IDL does not know survive
+untouched), and to move a reply's fields (the bridge). Only the top level is walked here;
+struct values are skipped by the message scanner.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from proxy.wire.binary import FIXED_SIZE, TType
+from proxy.wire.binary import FIXED_SIZE, StructScanner, TType
 from proxy.wire.errors import ProtocolError
 
 _I32 = struct.Struct(">i")
@@ -39,7 +40,7 @@ def skip_value(buf: bytes, pos: int, ttype: int, depth: int = 0) -> int:
             raise ProtocolError("negative string length")
         end = pos + 4 + size
     elif ttype == TType.STRUCT:
-        end = struct_end(buf, pos, depth + 1)
+        end = _skip_struct(buf, pos, depth + 1)
     elif ttype in (TType.LIST, TType.SET):
         etype = buf[pos]
         (count,) = _I32.unpack_from(buf, pos + 1)
@@ -76,6 +77,15 @@ def field_spans(buf: bytes, start: int = 0, depth: int = 0) -> tuple[list[FieldS
         end = skip_value(buf, pos + 3, ttype, depth)
         spans.append(FieldSpan(fid, ttype, pos, pos + 3, end))
         pos = end
+
+
+def _skip_struct(buf: bytes, pos: int, depth: int) -> int:
+    """The end of a struct value, found by the message scanner (in C where it is built: a
+    nested ``Table`` has hundreds of fields, which this module would walk one by one)."""
+    scanner = StructScanner(pos, len(buf), max(1, 65 - depth))
+    if not scanner.scan(buf, len(buf)):
+        raise ProtocolError("value runs past the end of the buffer")
+    return scanner.pos
 
 
 def struct_end(buf: bytes, start: int, depth: int = 0) -> int:
