@@ -27,28 +27,17 @@ from collections import Counter
 
 from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.Thrift import TMessageType, TType
-from thrift.transport.TTransport import TTransportBase
 
 from tests.rig.ports import free_port
+from tests.rig.raw import Cursor
 
 REMOVED = ("get_table", "get_table_objects_by_name")
 UNKNOWN_METHOD = 1
 
 
-class _Cursor(TTransportBase):
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-
-    def read(self, sz: int) -> bytes:
-        out = self.data[self.pos : self.pos + sz]
-        self.pos += len(out)
-        return out
-
-
 def _next_call(data: bytes) -> tuple[str, int, int, int] | None:
     """(name, type, seqid, length) of the message ``data`` starts with; None: incomplete."""
-    cursor = _Cursor(data)
+    cursor = Cursor(data)
     proto = TBinaryProtocol(cursor, strictRead=False)
     try:
         name, mtype, seqid = proto.readMessageBegin()

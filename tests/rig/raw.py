@@ -36,6 +36,31 @@ class _RecordingSocket(TTransportBase):
         return self.read(sz)
 
 
+class Cursor(TTransportBase):
+    """Bytes to read from; running out raises EOFError (in ``readAll``): "need more"."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def read(self, sz: int) -> bytes:
+        out = self.data[self.pos : self.pos + sz]
+        self.pos += len(out)
+        return out
+
+
+def message_length(data: bytes) -> int | None:
+    """The length of the (unframed) Thrift message ``data`` starts with; ``None``: incomplete."""
+    cursor = Cursor(data)
+    proto = TBinaryProtocol(cursor, strictRead=False)
+    try:
+        proto.readMessageBegin()
+        proto.skip(TType.STRUCT)
+    except EOFError:
+        return None
+    return cursor.pos
+
+
 class RawConnection:
     """One socket; send request bytes, get the raw reply bytes back."""
 

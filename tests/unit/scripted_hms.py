@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from thrift.protocol.TBinaryProtocol import TBinaryProtocol
-from thrift.Thrift import TApplicationException, TMessageType, TType
-from thrift.transport.TTransport import TMemoryBuffer, TTransportBase
+from thrift.Thrift import TApplicationException, TMessageType
+from thrift.transport.TTransport import TMemoryBuffer
 
 from proxy import idl
 from proxy.config import Endpoint
+from tests.rig.raw import Cursor, message_length
 from tests.rig.sample import storage_descriptor
 
 M = idl.module()
@@ -48,19 +49,6 @@ _FRAME = struct.Struct(">i")
 # -- messages, read with Apache Thrift -------------------------------------------------------
 
 
-class _Cursor(TTransportBase):
-    """Bytes to read from; running out raises EOFError (in ``readAll``): "need more"."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-
-    def read(self, sz: int) -> bytes:
-        out = self.data[self.pos : self.pos + sz]
-        self.pos += len(out)
-        return out
-
-
 @dataclass(frozen=True)
 class Header:
     name: str
@@ -69,20 +57,8 @@ class Header:
     length: int  # of the header
 
 
-def message_length(data: bytes) -> int | None:
-    """The length of the (unframed) Thrift message ``data`` starts with; ``None``: incomplete."""
-    cursor = _Cursor(data)
-    proto = TBinaryProtocol(cursor, strictRead=False)
-    try:
-        proto.readMessageBegin()
-        proto.skip(TType.STRUCT)
-    except EOFError:
-        return None
-    return cursor.pos
-
-
 def header_of(message: bytes) -> Header:
-    cursor = _Cursor(message)
+    cursor = Cursor(message)
     name, mtype, seqid = TBinaryProtocol(cursor, strictRead=False).readMessageBegin()
     return Header(name, mtype, seqid, cursor.pos)
 

@@ -191,8 +191,8 @@ def test_rebase_follows_a_buffer_that_drops_its_front(cls: type) -> None:
 
 @pytest.mark.parametrize("deep", [65, 5_000])
 def test_field_spans_refuse_a_struct_nested_too_deeply(deep: int) -> None:
-    """The byte surgery on arguments (proxy/wire/fields.py) walks structs (nested ones with the scanner): a
-    client's 5,000-deep struct must be refused, not overflow the stack (RecursionError)."""
+    """The byte surgery on arguments (proxy/wire/fields.py) walks structs (nested ones with
+    the scanner): a client's 5,000-deep struct must be refused, not overflow the stack."""
     from proxy.wire.fields import field_spans
 
     nested = b"\x0c\x00\x01" * deep + b"\x00" * (deep + 1)
