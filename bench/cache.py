@@ -86,6 +86,9 @@ def main() -> None:
         "--seconds", type=float, default=10.0, help="duration of the 64-connection load"
     )
     parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument(
+        "--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto", help="the proxy's"
+    )
     args = parser.parse_args()
 
     hms = start_metastore(DATA)
@@ -94,6 +97,7 @@ def main() -> None:
     try:
         ensure_wide_table(hms, args.partitions)
         extra = ["--log-level", "warning", "--memory-cache-bytes", "1GiB"]
+        extra += ["--event-loop", args.event_loop]
         if redis_server is not None:
             redis_server.start()
             extra += ["--redis", redis_server.url]

@@ -98,9 +98,17 @@ def _serve(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"hms-cache-proxy: configuration: {problem}", file=sys.stderr)
         return 2
+    from proxy import loop
+
+    try:
+        loop_name, loop_factory = loop.factory(options.event_loop)
+    except RuntimeError as exc:
+        print(f"hms-cache-proxy: configuration: {exc}", file=sys.stderr)
+        return 2
     if args.print_config:
         for key, value in options.printable().items():
             print(f"{key} = {_toml_value(value)}")
+        print(f"# event loop that runs: {loop_name}")
         return 0
     logging.basicConfig(
         level=options.log_level.upper(),
@@ -108,8 +116,10 @@ def _serve(args: argparse.Namespace) -> int:
     )
     from proxy.sasl.layer import SaslError
 
+    logging.getLogger("proxy").info("event loop: %s", loop_name)
     try:
-        return asyncio.run(_run(options))
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(_run(options))
     except (OSError, SaslError) as exc:  # a port in use, typically; or a bad keytab
         print(f"hms-cache-proxy: cannot start: {exc}", file=sys.stderr)
         return 1

@@ -729,6 +729,13 @@ class Options:
     log_level: str = _opt(
         "info", choice("debug", "info", "warning", "error"), "log level", metavar="LEVEL"
     )
+    event_loop: str = _opt(
+        "auto",
+        choice("auto", "uvloop", "asyncio"),
+        "the event loop: uvloop (libuv, faster sockets and timers), asyncio (the standard "
+        "library's), auto: uvloop where it is installed, else asyncio",
+        metavar="auto|uvloop|asyncio",
+    )
 
     @property
     def per_user_cache(self) -> bool:

@@ -1,0 +1,25 @@
+"""Which event loop runs the proxy: uvloop where it is installed, else asyncio's own.
+
+uvloop (libuv underneath) makes the proxy's socket reads and writes, the larger part of a
+cache hit's time, cheaper; nothing in the proxy depends on it. ``--event-loop`` chooses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from importlib.metadata import version
+
+
+def factory(choice: str) -> tuple[str, Callable[[], asyncio.AbstractEventLoop] | None]:
+    """(the loop's name as logs and --print-config show it, a factory or None for asyncio's).
+    Raises RuntimeError when uvloop is asked for and not installed."""
+    if choice == "asyncio":
+        return "asyncio", None
+    try:
+        import uvloop
+    except ImportError as exc:
+        if choice == "uvloop":
+            raise RuntimeError("--event-loop uvloop: uvloop is not installed") from exc
+        return "asyncio (uvloop is not installed)", None
+    return f"uvloop {version('uvloop')}", uvloop.new_event_loop
