@@ -251,15 +251,21 @@ class NotificationFollower:
         if self._writes_at_head is None or self._writes_at_head[0] != head:
             self._writes_at_head = (head, time.monotonic())
             self._writes_seen = writes
+            if not self.state.active:
+                log.info(
+                    "the notification log moves again: writes that bypass the proxy are "
+                    "seen within a poll"
+                )
             self.state.active = True
             self.metrics.notification_active.set(1)
             return
         if writes > self._writes_seen and time.monotonic() - self._writes_at_head[1] > 30:
-            log.warning(
-                "writes went through the proxy but the notification log did not move in 30 s: "
-                "is DbNotificationListener configured on the metastore? Until it is, writes "
-                "that bypass the proxy are seen within the TTLs only"
-            )
+            if self.state.active:  # said once when it stops, not on every check after
+                log.warning(
+                    "writes went through the proxy but the notification log did not move in "
+                    "30 s: is DbNotificationListener configured on the metastore? Until it is, "
+                    "writes that bypass the proxy are seen within the TTLs only"
+                )
             self.state.active = False
             self.metrics.notification_active.set(0)
             self._writes_seen = writes

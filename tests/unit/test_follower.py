@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+
+import pytest
 
 from proxy.cache.store import MemoryStore
 from proxy.config import load
@@ -40,3 +43,31 @@ def test_a_standby_follows_the_leaders_word_and_not_for_long_without_it() -> Non
         assert not follower.following
 
     asyncio.run(run())
+
+
+def test_a_log_that_stands_still_is_said_once_per_change(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not every 30 s of a long run: once when the log stops moving under writes, once
+    (info) when it moves again."""
+    from proxy import follower as module
+
+    clock = [1000.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+    e = engine(MemoryStore(1 << 20))
+    options = load({"upstream": "thrift://h:1"}, {})
+    follower = NotificationFollower(options, e, UpstreamPool(options, Metrics()), Metrics())
+    writes = [0]
+    monkeypatch.setattr(type(e), "writes", property(lambda self: writes[0]))
+    caplog.set_level(logging.INFO, logger="proxy.follower")
+    follower._check_log_is_written(5)
+    for _ in range(10):  # five minutes of writes while the log stays at 5
+        writes[0] += 1
+        clock[0] += 31
+        follower._check_log_is_written(5)
+    assert not follower.state.active
+    follower._check_log_is_written(6)  # it moves
+    assert follower.state.active
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("did not move" in line for line in lines) == 1
+    assert sum("moves again" in line for line in lines) == 1
