@@ -87,6 +87,7 @@ class MetricsServer:
             asyncio.IncompleteReadError,
             asyncio.LimitOverrunError,
             ConnectionError,
+            RuntimeError,  # uvloop: a write to a connection the scraper already closed
         ) as exc:
             log.debug("metrics request failed: %s", exc)
         finally:

@@ -47,8 +47,19 @@ class ClientConnection:
         self.transport = transport
 
     async def send(self, data: bytes) -> None:
-        self.writer.write(data)
+        self._write(data)
         await self.writer.drain()
+
+    def _write(self, data: bytes | memoryview) -> None:
+        """Write to the client, whose connection may be gone: asyncio's own loop then
+        ignores the write (drain() raises), uvloop raises RuntimeError (its handle is
+        closed). Either way the caller sees ConnectionResetError, the client gone."""
+        if self.writer.is_closing():
+            raise ConnectionResetError("the client connection is closed")
+        try:
+            self.writer.write(data)
+        except RuntimeError as exc:
+            raise ConnectionResetError(f"the client connection is closed: {exc}") from exc
 
     async def send_message(self, head: bytes, rest: memoryview) -> None:
         """A message given as a head and a view of the rest, written without joining them
@@ -58,12 +69,12 @@ class ClientConnection:
         if self.transport is Transport.FRAMED:
             head = self.transport.prefix(len(head) + len(rest)) + head
         if len(rest) <= SMALL_MESSAGE:  # one write, one system call
-            writer.write(head + rest)
+            self._write(head + rest)
             await writer.drain()
             return
-        writer.write(head)
+        self._write(head)
         for at in range(0, len(rest), WRITE_SLICE):
-            writer.write(rest[at : at + WRITE_SLICE])
+            self._write(rest[at : at + WRITE_SLICE])
             await writer.drain()
         await writer.drain()
 
@@ -228,8 +239,8 @@ class ThriftServer:
             )
             writer.write(self.options.client_transport.frame(reply))
             await asyncio.wait_for(writer.drain(), 1.0)
-        except (TimeoutError, ConnectionError, ProtocolError):
-            pass
+        except (TimeoutError, ConnectionError, ProtocolError, RuntimeError):
+            pass  # RuntimeError: uvloop's write to a connection already closed
         finally:
             writer.close()
             with contextlib.suppress(Exception):

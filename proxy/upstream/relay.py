@@ -75,7 +75,12 @@ def result_outcome(message_type: int, body_start: bytes) -> str:
 
 
 async def send(conn: UpstreamConnection, data: bytes, timeout: float) -> None:
-    conn.writer.write(conn.replies.transport.frame(data))
+    try:
+        conn.writer.write(conn.replies.transport.frame(data))
+    except RuntimeError as exc:  # uvloop: the connection's handle is already closed
+        raise UpstreamClosed(
+            f"connection lost before sending: {exc}", stale=conn.calls > 0
+        ) from exc
     try:
         # asyncio.timeout, not wait_for: no extra task per call on the hot path.
         async with asyncio.timeout(timeout):
