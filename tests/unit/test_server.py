@@ -240,3 +240,37 @@ def test_a_client_closing_mid_request_ends_its_session(caplog: pytest.LogCapture
             assert r.sample("hmsproxy_client_connections") == 0
 
     asyncio.run(run())
+
+
+class _ClosedHandle:
+    """A writer whose connection is gone, as uvloop reports it: write() raises RuntimeError
+    ("the handler is closed"), and is_closing() may not say so yet."""
+
+    def __init__(self, closing: bool) -> None:
+        self.closing = closing
+
+    def write(self, data: object) -> None:
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True>")
+
+    async def drain(self) -> None:
+        return None
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+@pytest.mark.parametrize("closing", [False, True])
+def test_a_write_to_a_client_gone_is_the_clients_loss_whatever_the_loop(closing: bool) -> None:
+    """Under uvloop, writing to a reset connection raises RuntimeError: it must reach the
+    handler as ConnectionError (the client gone), not as an internal error."""
+    from proxy.server import ClientConnection
+    from proxy.wire.framing import Transport
+
+    async def run() -> None:
+        client = ClientConnection(_ClosedHandle(closing), Transport.BUFFERED)  # type: ignore[arg-type]
+        with pytest.raises(ConnectionResetError):
+            await client.send(b"reply")
+        with pytest.raises(ConnectionResetError):
+            await client.send_message(b"head", memoryview(b"x" * (1 << 17)))
+
+    asyncio.run(run())
