@@ -38,7 +38,7 @@ class Result(Enum):
 @dataclass(slots=True)
 class Verdict:
     result: Result
-    reply: bytes = b""  # the cached reply message, on a hit
+    reply: codec.Payload = b""  # the cached reply message, on a hit
     values: list[bytes | None] = field(default_factory=list)  # versions read, plan order
 
     @property
@@ -101,7 +101,7 @@ def judge_stale(
     *,
     now: float,
     window: float,
-) -> bytes | None:
+) -> codec.Payload | None:
     """``--stale-if-error``: the reply of an entry past its TTL (by at most ``window``) whose
     versions are still current. Never one a write invalidated or is fencing: stale in time
     only."""
@@ -126,7 +126,7 @@ def partition_fingerprint(
 
 def judge_partition(
     entry: codec.Entry, versions: Mapping[str, bytes | None], version_field: str, now: float
-) -> tuple[bool, bytes | None]:
+) -> tuple[bool, codec.Payload | None]:
     """(current?, the partition's struct, or ``None`` for one the metastore does not have)."""
     if entry.expires_at <= now:
         return False, None

@@ -46,7 +46,7 @@ from proxy.wire.framing import Message
 log = logging.getLogger(__name__)
 
 Values = tuple[str, ...]
-Known = dict[Values, bytes | None]  # None: the metastore does not have that partition
+Known = dict[Values, codec.Payload | None]  # None: the metastore does not have that partition
 
 
 @dataclass(slots=True)

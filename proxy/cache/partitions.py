@@ -13,6 +13,7 @@ collation).
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy import idl
@@ -138,7 +139,7 @@ def partition_values(part: bytes) -> tuple[str, ...]:
     return tuple(decoded.values or ())
 
 
-def assemble(method: str, partitions: list[bytes]) -> bytes:
+def assemble(method: str, partitions: Sequence[bytes | memoryview]) -> bytes:
     """The result struct the HMS would send for these partitions, in this order."""
     items = b"".join(partitions)
     listing = _LIST_OF_STRUCTS + b"\x00" + bytes((RESULT_LIST_PATH[method][-1],))

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from proxy.cache import entry as codec
 from proxy.cache.decide import BYPASS, Result, Verdict, group, judge, judge_stale, storable
 from proxy.cache.dictionaries import Dictionaries
+from proxy.cache.entry import Payload
 from proxy.cache.keys import EPOCH, TableRef
 from proxy.cache.l1 import L1
 from proxy.cache.plan import ReadPlan
@@ -43,7 +44,7 @@ class ReadCall(Protocol):
 
     message: Message
 
-    async def serve(self, cached: bytes) -> str:
+    async def serve(self, cached: Payload) -> str:
         """Send a reply the cache holds, with the caller's seqid."""
 
     async def send(self, reply: bytes) -> str:
@@ -167,7 +168,7 @@ class WholeReads:
             self.l1.put(plan.key, entry, entry.ttl)
         return verdict
 
-    async def stale(self, plan: ReadPlan) -> bytes | None:
+    async def stale(self, plan: ReadPlan) -> Payload | None:
         """An expired entry whose versions are still current (see :func:`.judge_stale`)."""
         try:
             versions, found = await self.store.lookup(group(plan.refs), [plan.key])

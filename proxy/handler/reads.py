@@ -9,6 +9,7 @@ before its last piece goes out when it is small (so the client's next call can a
 from __future__ import annotations
 
 from proxy.cache.engine import CacheEngine
+from proxy.cache.entry import Payload
 from proxy.cache.reads import Fallback, Keep, Served
 from proxy.catalog import MethodSpec
 from proxy.handler.forward import Forwarder
@@ -47,15 +48,15 @@ class _Read:
         self.message = message
         self.client = client
 
-    async def serve(self, cached: bytes) -> str:
+    async def serve(self, cached: Payload) -> str:
         """A cached reply, with the caller's seqid, without copying its body."""
         header = _header_of(cached)
         at = header.length
         seqid = self.message.header.seqid
         await self.client.send_message(
-            with_seqid(cached[:at], header, seqid), memoryview(cached)[at:]
+            with_seqid(bytes(cached[:at]), header, seqid), memoryview(cached)[at:]
         )
-        return result_outcome(header.type, cached[at : at + 3])
+        return result_outcome(header.type, bytes(cached[at : at + 3]))
 
     async def send(self, reply: bytes) -> str:
         await self.client.send(self.client.transport.frame(reply))
@@ -73,7 +74,7 @@ class _Read:
         )
 
 
-def _header_of(reply: bytes) -> MessageHeader:
+def _header_of(reply: Payload) -> MessageHeader:
     """The header of a whole reply message the proxy holds (parsing reads only its bytes)."""
     header = parse_header(reply, 0, len(reply))
     assert header is not None

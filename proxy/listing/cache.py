@@ -78,7 +78,7 @@ class ListingCache:
                 except codec.EntryError:
                     continue
                 if item.fingerprint == self._fingerprint(versions, values) and item.ttl > 0:
-                    cached[values] = item.payload
+                    cached[values] = bytes(item.payload)
         return Looked(cached, dict(versions))
 
     async def fill(

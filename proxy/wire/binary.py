@@ -102,7 +102,7 @@ class MessageHeader:
     length: int  # bytes the header occupies; the struct body starts right after it
 
 
-def parse_header(buf: bytes | bytearray, start: int, end: int) -> MessageHeader | None:
+def parse_header(buf: bytes | bytearray | memoryview, start: int, end: int) -> MessageHeader | None:
     """Parse a message header at ``buf[start:end]``; ``None`` if more bytes are needed."""
     if end - start < 4:
         return None
@@ -137,7 +137,7 @@ def _check_name_length(length: int) -> None:
         raise ProtocolError(f"implausible method name length {length}")
 
 
-def _decode_name(buf: bytes | bytearray, start: int, end: int) -> str:
+def _decode_name(buf: bytes | bytearray | memoryview, start: int, end: int) -> str:
     try:
         return bytes(buf[start:end]).decode("utf-8")
     except UnicodeDecodeError as exc:
