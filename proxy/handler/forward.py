@@ -180,7 +180,7 @@ class Forwarder:
             return await self._bridged(conn, bridged, message, client, keep)
         if client is None:
             return result
-        return await self._answer(result, client, keep)
+        return await answer(client, result, keep)
 
     async def _bridged(
         self,
@@ -203,7 +203,7 @@ class Forwarder:
                 reply = _message(bridge.reply(header.name, header.seqid, held))
             except bridge.BridgeError as exc:
                 raise started(UpstreamProtocolError(str(exc)), False) from exc
-            return reply if client is None else await self._answer(reply, client, keep)
+            return reply if client is None else await answer(client, reply, keep)
         channel = _Rewritten(client, bridge.ReplyStream(header.name, header.seqid, self.keep_limit))
 
         async def kept(whole: Message) -> None:  # the cache keeps what the client gets
@@ -220,13 +220,6 @@ class Forwarder:
         except bridge.BridgeError as exc:
             raise started(UpstreamProtocolError(str(exc)), channel.sent) from exc
         return outcome
-
-    async def _answer(self, reply: Message, client: ClientChannel, keep: OnReply | None) -> str:
-        """Send a reply held whole (kept first, as a relayed one would be)."""
-        if keep is not None:
-            await keep(reply)
-        await client.send(client.transport.frame(reply.data))
-        return result_outcome(reply.header.type, reply.body[:3])
 
     async def _call(
         self,
@@ -288,6 +281,14 @@ class Forwarder:
             f"hms-cache-proxy: metastore call failed: {exc}",
         )
         return "upstream_error"
+
+
+async def answer(client: ClientChannel, reply: Message, keep: OnReply | None = None) -> str:
+    """Send a reply held whole (kept first, as a relayed one would be); its outcome."""
+    if keep is not None:
+        await keep(reply)
+    await client.send(client.transport.frame(reply.data))
+    return result_outcome(reply.header.type, reply.body[:3])
 
 
 def _message(data: bytes) -> Message:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy import idl
-from proxy.handler.forward import Forwarder, upstream_request
+from proxy.handler.forward import Forwarder, answer, upstream_request
 from proxy.handler.session import SessionState
 from proxy.upstream import (
     ClientChannel,
@@ -15,7 +15,6 @@ from proxy.upstream import (
     UpstreamError,
     UpstreamPool,
     exchange,
-    result_outcome,
     set_ugi_succeeded,
 )
 from proxy.wire.binary import MessageType, encode_header, with_seqid
@@ -68,8 +67,7 @@ class Identities:
             session.lost_pin()
             return await self.forwarder.upstream_failed(client, message, exc)
         session.lost_pin()
-        await client.send(client.transport.frame(reply.data))
-        return result_outcome(reply.header.type, reply.body[:3])
+        return await answer(client, reply)
 
     async def _authenticated_set_ugi(self, message: Message, client: ClientChannel) -> str:
         """An authenticated engine's ``set_ugi`` changes nothing, as on a Kerberized HMS, and

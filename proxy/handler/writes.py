@@ -13,9 +13,9 @@ from proxy import iceberg, idl
 from proxy.cache.engine import CacheEngine
 from proxy.cache.plan import FLUSH, WritePlan
 from proxy.catalog import Kind, MethodSpec
-from proxy.handler.forward import Forwarder
+from proxy.handler.forward import Forwarder, answer
 from proxy.handler.session import SessionState
-from proxy.upstream import ClientChannel, UpstreamError, UpstreamPool, result_outcome
+from proxy.upstream import ClientChannel, UpstreamError, UpstreamPool
 from proxy.wire.binary import MessageType, encode_header
 from proxy.wire.errors import ProtocolError
 from proxy.wire.framing import Message
@@ -117,8 +117,7 @@ class Writes:
             await self.cache.end_write(plan, intent)
         if isinstance(reply, str):
             return reply
-        await client.send(client.transport.frame(reply.data))
-        return result_outcome(reply.header.type, reply.body[:3])
+        return await answer(client, reply)
 
     async def locking(
         self,
@@ -149,8 +148,7 @@ class Writes:
         if isinstance(reply, str):  # no answer: the fence holds until its deadline
             return reply
         fences.after(name, message.body, ticket, reply)  # runs while the reply goes out
-        await client.send(client.transport.frame(reply.data))
-        return result_outcome(reply.header.type, reply.body[:3])
+        return await answer(client, reply)
 
     async def _guarded_commit(self, session: SessionState, message: Message) -> bytes | None:
         """An Iceberg commit with the metastore's own check of its base added, or ``None``
