@@ -14,6 +14,7 @@ in-process front, and asks these functions what they mean.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -50,24 +51,27 @@ BYPASS = Verdict(Result.BYPASS)
 
 
 def group(refs: Sequence[VersionRef]) -> dict[str, list[str]]:
-    """The version fields ``refs`` read, by hash (one HMGET each)."""
-    out: dict[str, list[str]] = {}
+    """The version fields ``refs`` read, by hash (one HMGET each), each once, in order."""
+    out: dict[str, dict[str, None]] = {}
     for ref in refs:
-        fields = out.setdefault(ref.key, [])
-        if ref.field not in fields:
-            fields.append(ref.field)
-    return out
+        out.setdefault(ref.key, {})[ref.field] = None  # an ordered set: linear, not quadratic
+    return {key: list(fields) for key, fields in out.items()}
 
 
 def fenced(refs: Sequence[VersionRef], versions: Versions) -> bool:
     """Whether a write fences any hash ``refs`` read, or a lock fences a field they read."""
+    return fenced_fields(group(refs), versions)
+
+
+def fenced_fields(wanted: Mapping[str, Sequence[str]], versions: Versions) -> bool:
+    """:func:`fenced`, given the fields read by hash (as :func:`group` makes them)."""
     for key, fields in versions.items():
         if FENCED in fields:
             return True
         locked = fields.get(locks.LOCKED)
         if locked:
             covered = set(locked.decode().split(","))
-            if any(r.key == key and r.field in covered for r in refs):
+            if not covered.isdisjoint(wanted.get(key, ())):
                 return True
     return False
 
@@ -119,9 +123,14 @@ def partition_fingerprint(
     """What one partition's entry is filled under: the table's epoch, its partition set's
     generation (an absent partition: the set of names), and the partition's own version."""
     scope = "pgen" if present else "partset"
-    return codec.fingerprint(
-        [versions.get(EPOCH), versions.get(scope), versions.get(version_field)]
-    )
+    return _fingerprint_of(versions.get(EPOCH), versions.get(scope), versions.get(version_field))
+
+
+# A hit of 100 partitions judges 100 entries: their fingerprints repeat from hit to hit (the
+# versions change only with writes), so they are remembered rather than hashed each time.
+@functools.lru_cache(maxsize=32768)
+def _fingerprint_of(epoch: bytes | None, scope: bytes | None, own: bytes | None) -> bytes:
+    return codec.fingerprint([epoch, scope, own])
 
 
 def judge_partition(

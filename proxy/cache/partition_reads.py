@@ -27,7 +27,7 @@ from proxy.cache import partitions as parts
 from proxy.cache.decide import (
     Result,
     Verdict,
-    fenced,
+    fenced_fields,
     group,
     judge,
     judge_partition,
@@ -57,6 +57,9 @@ class PartitionLookup:
     whole: Verdict | None = None  # the request's whole-reply entry, judged (None: bypass)
 
 
+WANTED_MEMO = 4096  # plans whose version fields are remembered (bounded: clients make plans)
+
+
 class PartitionReads:
     def __init__(
         self,
@@ -81,6 +84,8 @@ class PartitionReads:
         self.dictionary_ttl = dictionary_ttl
         self.seen = seen
         self.assemble = True  # False once the metastore was seen to answer out of order
+        # The version fields each plan reads, by hash (the same on every hit of a plan).
+        self._wanted: dict[str, dict[str, list[str]]] = {}  # by the plan's entry key
 
     async def read(self, plan: ReadPlan, call: ReadCall) -> Served:
         pp = plan.partitions
@@ -137,8 +142,13 @@ class PartitionReads:
         if not self.assemble or (self.pending.pending and not await self.pending.settled()):
             return PartitionLookup(Result.BYPASS)
         key = self.naming.versions(pp.tag)
-        fields = [EPOCH, "pgen", "partset", *pp.fields]
-        wanted = group([*plan.refs, *(VersionRef(key, f) for f in fields)])
+        wanted = self._wanted.get(plan.key)
+        if wanted is None:
+            fields = [EPOCH, "pgen", "partset", *pp.fields]
+            wanted = group([*plan.refs, *(VersionRef(key, f) for f in fields)])
+            if len(self._wanted) >= WANTED_MEMO:
+                self._wanted.clear()  # plans come and go with the engine's plan memo
+            self._wanted[plan.key] = wanted
         entry_keys = pp.entry_keys
         l1 = self.l1
         fronts = {k: e for k in entry_keys if l1 is not None and (e := l1.get(k)) is not None}
@@ -152,7 +162,7 @@ class PartitionReads:
         except CacheUnavailable:
             return PartitionLookup(Result.BYPASS)
         current = versions[key]
-        if fenced([VersionRef(k, f) for k, names in wanted.items() for f in names], versions):
+        if fenced_fields(wanted, versions):
             return PartitionLookup(Result.BYPASS)
         out = PartitionLookup(Result.MISS, versions=current)
         out.whole = await self._judge_whole(plan, versions, whole_front, found.get(plan.key))
