@@ -69,6 +69,7 @@ class NotificationFollower:
         self._task: asyncio.Task[None] | None = None
         self._writes_at_head: tuple[int, float] | None = None
         self._writes_seen = 0
+        self._said_standing = False  # this proxy logged that the log does not move
         self._last_success = time.time()
         metrics.notification_enabled.set(1)
         for kind in [*sorted(KNOWN - SKIPPED), "other"]:
@@ -251,7 +252,8 @@ class NotificationFollower:
         if self._writes_at_head is None or self._writes_at_head[0] != head:
             self._writes_at_head = (head, time.monotonic())
             self._writes_seen = writes
-            if not self.state.active:
+            if self._said_standing:
+                self._said_standing = False
                 log.info(
                     "the notification log moves again: writes that bypass the proxy are "
                     "seen within a poll"
@@ -260,7 +262,8 @@ class NotificationFollower:
             self.metrics.notification_active.set(1)
             return
         if writes > self._writes_seen and time.monotonic() - self._writes_at_head[1] > 30:
-            if self.state.active:  # said once when it stops, not on every check after
+            if not self._said_standing:  # said once when it stops, not on every check after
+                self._said_standing = True
                 log.warning(
                     "writes went through the proxy but the notification log did not move in "
                     "30 s: is DbNotificationListener configured on the metastore? Until it is, "

@@ -79,15 +79,17 @@ class MetricsServer:
                 f"HTTP/1.1 {status}\r\n{extra}"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
             ).encode("latin-1")
-            writer.write(head_out + (body if method != "HEAD" else b""))
-            await writer.drain()
+            try:
+                writer.write(head_out + (body if method != "HEAD" else b""))
+                await writer.drain()
+            except RuntimeError as exc:  # uvloop: the scraper closed the connection already
+                raise ConnectionResetError(str(exc)) from exc
         except (
             TimeoutError,
             ValueError,
             asyncio.IncompleteReadError,
             asyncio.LimitOverrunError,
             ConnectionError,
-            RuntimeError,  # uvloop: a write to a connection the scraper already closed
         ) as exc:
             log.debug("metrics request failed: %s", exc)
         finally:

@@ -23,7 +23,7 @@ from proxy import iceberg, idl
 from proxy.cache import entry as codec
 from proxy.cache import locks
 from proxy.cache.keys import EPOCH
-from proxy.cache.plan import ReadPlan, VersionRef
+from proxy.cache.plan import ReadPlan, VersionRef, group
 from proxy.cache.store import FENCED, Versions
 from proxy.wire.binary import MessageType
 from proxy.wire.framing import Message
@@ -50,16 +50,10 @@ class Verdict:
 BYPASS = Verdict(Result.BYPASS)
 
 
-def group(refs: Sequence[VersionRef]) -> dict[str, list[str]]:
-    """The version fields ``refs`` read, by hash (one HMGET each), each once, in order."""
-    out: dict[str, dict[str, None]] = {}
-    for ref in refs:
-        out.setdefault(ref.key, {})[ref.field] = None  # an ordered set: linear, not quadratic
-    return {key: list(fields) for key, fields in out.items()}
-
-
 def fenced(refs: Sequence[VersionRef], versions: Versions) -> bool:
     """Whether a write fences any hash ``refs`` read, or a lock fences a field they read."""
+    if not any(FENCED in fields or locks.LOCKED in fields for fields in versions.values()):
+        return False  # the common case, decided without grouping the refs
     return fenced_fields(group(refs), versions)
 
 

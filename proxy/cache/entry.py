@@ -48,6 +48,8 @@ def fingerprint(values: Sequence[bytes | None]) -> bytes:
     return h.digest()
 
 
+VIEW_ABOVE = 64 * 1024  # stored values bigger than this are read through a view
+
 # A reply's bytes as the cache holds them: a view into the stored value where it was not
 # compressed (no copy per hit), new bytes where it was.
 Payload = bytes | memoryview
@@ -127,9 +129,10 @@ def decode(value: bytes, zdict: bytes | None = None) -> Entry:
     flags = value[1]
     (expires,) = _EXPIRES.unpack_from(value, 2)
     fp = value[6:HEADER]
-    # A view, not a slice: an uncompressed reply (the embedded store's, which does not
-    # compress) is served without copying it (12 MB of partitions: a millisecond a hit).
-    body: Payload = memoryview(value)[HEADER:]
+    # A big uncompressed reply (the embedded store does not compress) is served from a view,
+    # not a copy (12 MB of partitions: a millisecond a hit). A small one is copied: a view
+    # costs more than its bytes, and would keep the whole stored value alive in the L1.
+    body: Payload = memoryview(value)[HEADER:] if len(value) > VIEW_ABOVE else value[HEADER:]
     try:
         if flags & DICTIONARY:
             if zdict is None:

@@ -28,7 +28,6 @@ from proxy.cache.decide import (
     Result,
     Verdict,
     fenced_fields,
-    group,
     judge,
     judge_partition,
     partition_fingerprint,
@@ -36,7 +35,7 @@ from proxy.cache.decide import (
 from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.keys import EPOCH, Naming, partition_field
 from proxy.cache.l1 import L1
-from proxy.cache.plan import PartitionPlan, ReadPlan, VersionRef
+from proxy.cache.plan import PartitionPlan, ReadPlan
 from proxy.cache.reads import Pending, ReadCall, Seen, Served, WholeReads
 from proxy.cache.store import CacheUnavailable, Store
 from proxy.metrics import Metrics, method_label
@@ -55,9 +54,6 @@ class PartitionLookup:
     known: Known = field(default_factory=dict)  # the partitions found current, by values
     versions: dict[str, bytes | None] = field(default_factory=dict)  # the table's, as read
     whole: Verdict | None = None  # the request's whole-reply entry, judged (None: bypass)
-
-
-WANTED_MEMO = 4096  # plans whose version fields are remembered (bounded: clients make plans)
 
 
 class PartitionReads:
@@ -84,8 +80,6 @@ class PartitionReads:
         self.dictionary_ttl = dictionary_ttl
         self.seen = seen
         self.assemble = True  # False once the metastore was seen to answer out of order
-        # The version fields each plan reads, by hash (the same on every hit of a plan).
-        self._wanted: dict[str, dict[str, list[str]]] = {}  # by the plan's entry key
 
     async def read(self, plan: ReadPlan, call: ReadCall) -> Served:
         pp = plan.partitions
@@ -142,13 +136,7 @@ class PartitionReads:
         if not self.assemble or (self.pending.pending and not await self.pending.settled()):
             return PartitionLookup(Result.BYPASS)
         key = self.naming.versions(pp.tag)
-        wanted = self._wanted.get(plan.key)
-        if wanted is None:
-            fields = [EPOCH, "pgen", "partset", *pp.fields]
-            wanted = group([*plan.refs, *(VersionRef(key, f) for f in fields)])
-            if len(self._wanted) >= WANTED_MEMO:
-                self._wanted.clear()  # plans come and go with the engine's plan memo
-            self._wanted[plan.key] = wanted
+        wanted = dict(pp.wanted)
         entry_keys = pp.entry_keys
         l1 = self.l1
         fronts = {k: e for k in entry_keys if l1 is not None and (e := l1.get(k)) is not None}

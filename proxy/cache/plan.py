@@ -12,7 +12,7 @@ everything. When in doubt, miss.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -95,6 +95,9 @@ class PartitionPlan:
     names_path: tuple[int, ...]  # field ids leading to the names list in the arguments
     fields: tuple[str, ...] = ()  # the version field of each partition, as ``values``
     entry_keys: tuple[str, ...] = ()  # where each partition is stored, as ``values``
+    # Every version field a look-up reads (the plan's and each partition's), by hash: the
+    # same on every hit, so worked out once, here (see :func:`group`).
+    wanted: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +120,7 @@ class ReadPlan:
         if pp is not None:
             size += sum(len(n) + 300 for n in pp.names) + sum(sum(map(len, v)) for v in pp.values)
             size += sum(len(k) + 100 for k in pp.entry_keys) + sum(len(f) for f in pp.fields)
+            size += sum(len(k) + 100 + 8 * len(fs) for k, fs in pp.wanted)
         return size
 
 
@@ -136,6 +140,14 @@ class WritePlan:
 
 
 FLUSH = WritePlan(flush_all=True)
+
+
+def group(refs: Sequence[VersionRef]) -> dict[str, list[str]]:
+    """The version fields ``refs`` read, by hash (one HMGET each), each once, in order."""
+    out: dict[str, dict[str, None]] = {}
+    for ref in refs:
+        out.setdefault(ref.key, {})[ref.field] = None  # an ordered set: linear, not quadratic
+    return {key: list(fields) for key, fields in out.items()}
 
 
 def _one_string(values: list[Any]) -> str | None:
@@ -299,6 +311,12 @@ class Planner:
             depend(CATALOG_TAG, "functions")
         if scope & Scope.PRIVILEGES:
             depend(CATALOG_TAG, "privileges")
+        if partition_plan is not None:
+            key = self.naming.versions(partition_plan.tag)
+            fields = (EPOCH, "pgen", "partset", *partition_plan.fields)
+            grouped = group([*refs, *(VersionRef(key, f) for f in fields)])
+            wanted = tuple((k, tuple(fs)) for k, fs in grouped.items())
+            partition_plan = replace(partition_plan, wanted=wanted)
         return ReadPlan(
             method=spec.name,
             key=self.naming.entry(primary, spec.name, args_bytes, who),

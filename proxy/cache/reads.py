@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from proxy.cache import entry as codec
-from proxy.cache.decide import BYPASS, Result, Verdict, group, judge, judge_stale, storable
+from proxy.cache.decide import BYPASS, Result, Verdict, judge, judge_stale, storable
 from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.entry import Payload
 from proxy.cache.keys import EPOCH, TableRef
 from proxy.cache.l1 import L1
-from proxy.cache.plan import ReadPlan
+from proxy.cache.plan import ReadPlan, group
 from proxy.cache.store import CacheUnavailable, Found, Store
 from proxy.metrics import Metrics, method_label
 from proxy.wire.framing import Message

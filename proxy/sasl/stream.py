@@ -14,6 +14,7 @@ goes on serving other clients meanwhile.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -153,13 +154,16 @@ class SaslWriter:
     async def drain(self) -> None:
         if self._pending:
             pieces, size = self._take()
-            if self.layer is PLAIN:
-                self._write_plain(pieces, size)
-            elif size > THREAD_ABOVE:
-                frames = await asyncio.to_thread(self._wrap, pieces)
-                self.raw.writelines(frames)
-            else:
-                self.raw.writelines(self._wrap(pieces))
+            try:
+                if self.layer is PLAIN:
+                    self._write_plain(pieces, size)
+                elif size > THREAD_ABOVE:
+                    frames = await asyncio.to_thread(self._wrap, pieces)
+                    self.raw.writelines(frames)
+                else:
+                    self.raw.writelines(self._wrap(pieces))
+            except RuntimeError as exc:  # uvloop: the connection closed meanwhile
+                raise ConnectionResetError(f"connection closed: {exc}") from exc
         await self.raw.drain()
 
     def _take(self) -> tuple[list[bytes | bytearray | memoryview], int]:
@@ -184,10 +188,11 @@ class SaslWriter:
     def close(self) -> None:
         if self._pending and not self.raw.is_closing():
             pieces, size = self._take()
-            if self.layer is PLAIN:
-                self._write_plain(pieces, size)
-            else:
-                self.raw.writelines(self._wrap(pieces))
+            with contextlib.suppress(RuntimeError):  # uvloop: closed under us: nothing to send
+                if self.layer is PLAIN:
+                    self._write_plain(pieces, size)
+                else:
+                    self.raw.writelines(self._wrap(pieces))
         self.raw.close()
 
     def is_closing(self) -> bool:

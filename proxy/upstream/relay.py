@@ -87,7 +87,7 @@ async def send(conn: UpstreamConnection, data: bytes, timeout: float) -> None:
             await conn.writer.drain()
     except TimeoutError as exc:
         raise UpstreamTimeout("timed out sending to the metastore") from exc
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:  # RuntimeError: uvloop, closed under us
         raise UpstreamClosed(f"connection lost while sending: {exc}", stale=conn.calls > 0) from exc
 
 

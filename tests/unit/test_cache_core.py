@@ -447,23 +447,49 @@ def test_assembled_reply_header_is_the_hms_header(method: str) -> None:
 
 
 def test_grouped_fields_are_each_read_once_in_order_and_fence_as_the_refs_do() -> None:
-    """decide.group is linear (it was quadratic: a 100-partition hit spent 130 us in it), keeps
-    first-seen order, and fenced_fields over its result says what fenced over the refs says."""
+    """plan.group is linear (it was quadratic: a 100-partition hit spent 130 us in it) and
+    keeps first-seen order; fenced (over refs) and fenced_fields (over grouped fields, as the
+    partition path calls it) say the same."""
     from proxy.cache import decide, locks
-    from proxy.cache.plan import VersionRef
+    from proxy.cache.plan import VersionRef, group
     from proxy.cache.store import FENCED
 
     refs = [VersionRef("a", f) for f in ("epoch", "p:1", "p:2", "p:1", "table")]
     refs += [VersionRef("b", "db"), VersionRef("a", "p:3")]
-    assert decide.group(refs) == {"a": ["epoch", "p:1", "p:2", "table", "p:3"], "b": ["db"]}
+    grouped = group(refs)
+    assert grouped == {"a": ["epoch", "p:1", "p:2", "table", "p:3"], "b": ["db"]}
     cases = [
-        {"a": {}, "b": {}},
-        {"a": {locks.LOCKED: b"table"}, "b": {}},
-        {"a": {locks.LOCKED: b"stats"}, "b": {}},
-        {"a": {}, "b": {locks.LOCKED: b"db,table"}},
-        {"a": {}, "b": {FENCED: b"1"}},
+        ({"a": {}, "b": {}}, False),
+        ({"a": {locks.LOCKED: b"table"}, "b": {}}, True),
+        ({"a": {locks.LOCKED: b"stats"}, "b": {}}, False),
+        ({"a": {}, "b": {locks.LOCKED: b"db,table"}}, True),
+        ({"a": {}, "b": {FENCED: b"1"}}, True),
     ]
-    for versions in cases:
-        expected = decide.fenced(refs, versions)  # type: ignore[arg-type]
-        assert decide.fenced_fields(decide.group(refs), versions) == expected  # type: ignore[arg-type]
-    assert [decide.fenced(refs, v) for v in cases] == [False, True, False, True, True]  # type: ignore[arg-type]
+    for versions, expected in cases:
+        assert decide.fenced(refs, versions) is expected, versions  # type: ignore[arg-type]
+        assert decide.fenced_fields(grouped, versions) is expected, versions  # type: ignore[arg-type]
+
+
+def test_a_partition_plan_carries_the_fields_its_look_up_reads() -> None:
+    spec = catalog.lookup("get_partitions_by_names")
+    assert spec is not None
+    names = ["ds=1", "ds=2"]
+    args = idl.args_class("get_partitions_by_names")(db_name="d", tbl_name="t", names=names)
+    plan = PLANNER.read(spec, args, idl.encode(args), None)
+    assert plan is not None and plan.partitions is not None
+    pp = plan.partitions
+    from proxy.cache.plan import VersionRef, group
+
+    key = NAMING.versions(pp.tag)
+    fields = (EPOCH, "pgen", "partset", *pp.fields)
+    expected = group([*plan.refs, *(VersionRef(key, f) for f in fields)])
+    assert dict(pp.wanted) == {k: tuple(v) for k, v in expected.items()}
+
+
+def test_a_big_uncompressed_entry_is_read_through_a_view_and_a_small_one_copied() -> None:
+    small = codec.encode(b"f" * 16, 0, b"r" * 100, 60.0, compress=False)
+    big = codec.encode(b"f" * 16, 0, b"R" * (codec.VIEW_ABOVE + 1), 60.0, compress=False)
+    assert isinstance(codec.decode(small).payload, bytes)
+    view = codec.decode(big).payload
+    assert isinstance(view, memoryview) and view == b"R" * (codec.VIEW_ABOVE + 1)
+    assert view.obj is big  # no copy: the stored value itself
