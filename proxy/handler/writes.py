@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from proxy import iceberg, idl
 from proxy.cache.engine import CacheEngine
@@ -107,14 +107,12 @@ class Writes:
             if line is not None:
                 log.warning("%s", line)
         request = await self._guarded_commit(session, message) if spec is not None else None
-        intent = await self.cache.begin_write(plan)
-        try:
-            reply = await self.forwarder.call(
+        reply = await self._invalidating(
+            plan,
+            lambda: self.forwarder.call(
                 session, message, client, hold=True, oneway=oneway, request=request
-            )
-        finally:
-            # Success or not, the HMS may have changed: invalidate before anyone is answered.
-            await self.cache.end_write(plan, intent)
+            ),
+        )
         if isinstance(reply, str):
             return reply
         return await answer(client, reply)
@@ -140,15 +138,24 @@ class Writes:
             reply = await self.forwarder.call(session, message, client, hold=True)
         else:
             plan = await self.cache.expand(plan, lambda db: self._list_tables(session, db))
-            intent = await self.cache.begin_write(plan)
-            try:
-                reply = await self.forwarder.call(session, message, client, hold=True)
-            finally:
-                await self.cache.end_write(plan, intent)
+            reply = await self._invalidating(
+                plan, lambda: self.forwarder.call(session, message, client, hold=True)
+            )
         if isinstance(reply, str):  # no answer: the fence holds until its deadline
             return reply
         fences.after(name, message.body, ticket, reply)  # runs while the reply goes out
         return await answer(client, reply)
+
+    async def _invalidating(
+        self, plan: WritePlan, call: Callable[[], Awaitable[str | Message]]
+    ) -> str | Message:
+        """Make ``call`` (the write, at the metastore) with ``plan``'s scopes fenced."""
+        intent = await self.cache.begin_write(plan)
+        try:
+            return await call()
+        finally:
+            # Success or not, the HMS may have changed: invalidate before anyone is answered.
+            await self.cache.end_write(plan, intent)
 
     async def _guarded_commit(self, session: SessionState, message: Message) -> bytes | None:
         """An Iceberg commit with the metastore's own check of its base added, or ``None``
