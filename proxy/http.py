@@ -23,6 +23,7 @@ from collections.abc import Callable
 from prometheus_client.exposition import choose_encoder
 
 from proxy.config import HostPort
+from proxy.loop import guarded_write
 from proxy.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -79,11 +80,8 @@ class MetricsServer:
                 f"HTTP/1.1 {status}\r\n{extra}"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
             ).encode("latin-1")
-            try:
-                writer.write(head_out + (body if method != "HEAD" else b""))
-                await writer.drain()
-            except RuntimeError as exc:  # uvloop: the scraper closed the connection already
-                raise ConnectionResetError(str(exc)) from exc
+            guarded_write(writer, head_out + (body if method != "HEAD" else b""))
+            await writer.drain()
         except (
             TimeoutError,
             ValueError,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from importlib.metadata import version
+from typing import Protocol
 
 
 def factory(choice: str) -> tuple[str, Callable[[], asyncio.AbstractEventLoop] | None]:
@@ -23,3 +24,17 @@ def factory(choice: str) -> tuple[str, Callable[[], asyncio.AbstractEventLoop] |
             raise RuntimeError("--event-loop uvloop: uvloop is not installed") from exc
         return "asyncio (uvloop is not installed)", None
     return f"uvloop {version('uvloop')}", uvloop.new_event_loop
+
+
+class _Writer(Protocol):
+    def write(self, data: bytes | bytearray | memoryview) -> None: ...
+
+
+def guarded_write(writer: _Writer, data: bytes | bytearray | memoryview) -> None:
+    """``writer.write(data)`` on either loop: a write to a connection already closed is
+    ignored by asyncio's (its drain() then raises ConnectionResetError) and raises
+    RuntimeError under uvloop ("the handler is closed"); here it is ConnectionResetError."""
+    try:
+        writer.write(data)
+    except RuntimeError as exc:
+        raise ConnectionResetError(f"the connection is closed: {exc}") from exc

@@ -18,6 +18,7 @@ import socket
 from proxy.config import Options
 from proxy.handler import CallHandler, ClientGone, SessionState
 from proxy.handler.identity import authenticated_identity
+from proxy.loop import guarded_write
 from proxy.metrics import AUTH_MECHANISMS, Metrics
 from proxy.sasl.layer import SaslError
 from proxy.sasl.server import Authenticated, Refused, SaslAcceptor
@@ -51,15 +52,11 @@ class ClientConnection:
         await self.writer.drain()
 
     def _write(self, data: bytes | memoryview) -> None:
-        """Write to the client, whose connection may be gone: asyncio's own loop then
-        ignores the write (drain() raises), uvloop raises RuntimeError (its handle is
-        closed). Either way the caller sees ConnectionResetError, the client gone."""
+        """Write to the client, whose connection may be gone: then ConnectionResetError,
+        the client gone (on either event loop, see :func:`proxy.loop.guarded_write`)."""
         if self.writer.is_closing():
             raise ConnectionResetError("the client connection is closed")
-        try:
-            self.writer.write(data)
-        except RuntimeError as exc:
-            raise ConnectionResetError(f"the client connection is closed: {exc}") from exc
+        guarded_write(self.writer, data)
 
     async def send_message(self, head: bytes, rest: memoryview) -> None:
         """A message given as a head and a view of the rest, written without joining them
@@ -237,10 +234,10 @@ class ThriftServer:
                 AppErrorType.INTERNAL_ERROR,
                 f"hms-cache-proxy: too many client connections (limit {limit}); retry later",
             )
-            writer.write(self.options.client_transport.frame(reply))
+            guarded_write(writer, self.options.client_transport.frame(reply))
             await asyncio.wait_for(writer.drain(), 1.0)
-        except (TimeoutError, ConnectionError, ProtocolError, RuntimeError):
-            pass  # RuntimeError: uvloop's write to a connection already closed
+        except (TimeoutError, ConnectionError, ProtocolError):
+            pass
         finally:
             writer.close()
             with contextlib.suppress(Exception):

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from proxy.loop import guarded_write
 from proxy.upstream.connection import UpstreamConnection
 from proxy.upstream.errors import (
     UpstreamClosed,
@@ -76,18 +77,13 @@ def result_outcome(message_type: int, body_start: bytes) -> str:
 
 async def send(conn: UpstreamConnection, data: bytes, timeout: float) -> None:
     try:
-        conn.writer.write(conn.replies.transport.frame(data))
-    except RuntimeError as exc:  # uvloop: the connection's handle is already closed
-        raise UpstreamClosed(
-            f"connection lost before sending: {exc}", stale=conn.calls > 0
-        ) from exc
-    try:
+        guarded_write(conn.writer, conn.replies.transport.frame(data))
         # asyncio.timeout, not wait_for: no extra task per call on the hot path.
         async with asyncio.timeout(timeout):
             await conn.writer.drain()
     except TimeoutError as exc:
         raise UpstreamTimeout("timed out sending to the metastore") from exc
-    except (OSError, RuntimeError) as exc:  # RuntimeError: uvloop, closed under us
+    except OSError as exc:
         raise UpstreamClosed(f"connection lost while sending: {exc}", stale=conn.calls > 0) from exc
 
 
