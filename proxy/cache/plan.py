@@ -370,13 +370,11 @@ class Planner:
 
     def write(self, spec: MethodSpec, args: Any | None) -> WritePlan:
         """What a write that reached the metastore invalidates (success or not)."""
-        if spec.flushes:
+        if spec.flushes_with(args):
             return FLUSH  # what it changes cannot be named (see the catalog)
         if spec.kind is not Kind.WRITE or spec.scope == Scope.NONE:
             return WritePlan()
         if spec.name == "drop_catalog" or (spec.targets and args is None):
-            return FLUSH
-        if spec.flushes_with(args):
             return FLUSH
         if spec.names_nothing(args):
             return WritePlan()  # an optional list of targets, absent or empty
