@@ -230,6 +230,10 @@ def build_cache(
             metrics=metrics,
             mode=options.redis_mode,
             fence_ttl=max(options.write_fence_seconds, options.lock_fence_seconds),
+            tracking_prefix=options.redis_key_prefix if options.redis_tracking == "on" else None,
+            tracking_max_lag=options.redis_tracking_max_lag,
+            # The versions are small next to the replies: an eighth of the front's budget.
+            mirror_bytes=max(1 << 20, options.memory_cache_bytes // 8),
         )
     else:
         store = MemoryStore(options.memory_cache_bytes)

@@ -551,6 +551,24 @@ class Options:
     redis_key_prefix: str = _opt(
         "hmsc:1:", str, "prefix of every key this proxy writes to Redis", metavar="PREFIX"
     )
+    redis_tracking: str = _opt(
+        "on",
+        choice("on", "off"),
+        "on: the versions hits depend on are kept in process, coherent through Redis's "
+        "client-side caching invalidations (CLIENT TRACKING BCAST), so a hit costs no Redis "
+        "round trip, and a write through another proxy is seen within the invalidation's "
+        "delivery (at most --redis-tracking-max-lag); off: versions are read from Redis on "
+        "every hit",
+        metavar="on|off",
+    )
+    redis_tracking_max_lag: float = _opt(
+        1.0,
+        parse_seconds,
+        "longest an invalidation stream may go without delivering this proxy's beat before "
+        "hits read versions from Redis again (the bound on seeing a write made through "
+        "another proxy)",
+        metavar="SECONDS",
+    )
     ttl_catalog: float = _opt(
         60.0, parse_seconds, "seconds database lists (and privileges) are cached", metavar="SECONDS"
     )

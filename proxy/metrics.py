@@ -240,6 +240,62 @@ class Metrics:
             registry=r,
         )
         self.cache_available.set(1)
+        self.version_reads = _Children(
+            Counter(
+                "hmsproxy_cache_version_reads",
+                "Look-ups of the versions a reply depends on, by where they were read: local "
+                "(the in-process copy Redis keeps coherent, --redis-tracking; no round trip) "
+                "or redis",
+                ["source"],
+                registry=r,
+            )
+        )
+        for source in ("local", "redis"):
+            self.version_reads.labels(source)
+        self.tracking_up = Gauge(
+            "hmsproxy_redis_tracking_up",
+            "1 while every Redis invalidation stream is subscribed and delivered a beat within "
+            "--redis-tracking-max-lag (hits may then read versions in process); else 0",
+            registry=r,
+        )
+        self.tracking_lag = Histogram(
+            "hmsproxy_redis_tracking_delivery_seconds",
+            "Time from setting a beat key to its invalidation arriving through the stream: "
+            "how late a write through another proxy is seen here",
+            buckets=(
+                0.0001,
+                0.00025,
+                0.0005,
+                0.001,
+                0.0025,
+                0.005,
+                0.01,
+                0.025,
+                0.05,
+                0.1,
+                0.25,
+                0.5,
+                1.0,
+                2.5,
+            ),
+            registry=r,
+        )
+        self.tracking_resyncs = _Children(
+            Counter(
+                "hmsproxy_redis_tracking_resyncs",
+                "Invalidation streams lost or not opened (each forgets the in-process "
+                "versions), by reason",
+                ["reason"],
+                registry=r,
+            )
+        )
+        for reason in ("stream_lost", "connect_failed"):
+            self.tracking_resyncs.labels(reason)
+        self.mirror_bytes = Gauge(
+            "hmsproxy_redis_tracking_mirror_bytes",
+            "Approximate bytes of versions held in process for --redis-tracking",
+            registry=r,
+        )
         self.notification_leader = Gauge(
             "hmsproxy_notification_leader",
             "1 if this proxy is the one following the notification log",

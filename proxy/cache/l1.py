@@ -1,8 +1,8 @@
 """The in-process front of a shared store: decoded replies, LRU, bounded in bytes.
 
 An L1 entry is only a copy: it is served on the same fingerprint rule as the store's entry
-(versions are still read from the store), and only until the time the store's entry had
-left to live.
+(against the current versions: read from the store, or from its coherent copy in process,
+see :mod:`.mirror`), and only until the time the store's entry had left to live.
 """
 
 from __future__ import annotations

@@ -141,6 +141,11 @@ class PartitionReads:
         l1 = self.l1
         fronts = {k: e for k in entry_keys if l1 is not None and (e := l1.get(k)) is not None}
         whole_front = l1.get(plan.key) if l1 is not None else None
+        if whole_front is not None and (known := self.store.local(wanted)) is not None:
+            # The repeated request, with its versions in process: no partition entries needed.
+            whole = await self._judge_whole(plan, known, whole_front, None)
+            if whole.hit:
+                return PartitionLookup(whole.result, versions=known[key], whole=whole)
         try:
             versions, found = await self.store.lookup(
                 wanted,

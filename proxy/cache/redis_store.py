@@ -10,6 +10,11 @@
   replies must not send every call to the HMS, which would make it busier still. While open,
   for a backoff period (exponential, jittered), every operation fails at once without
   touching the network; then attempts are let through, and a success closes the breaker.
+* **Versions in process** (``--redis-tracking``): the versions a look-up read are kept in a
+  :class:`proxy.cache.mirror.VersionMirror` while Redis's invalidation streams
+  (:mod:`proxy.cache.tracking`) say they stand; a hit whose versions and entry are both in
+  process costs no round trip. Every change this store makes forgets its keys there once
+  Redis has taken it.
 * **Eviction-safe invalidation.** A bump that Redis refuses (out of memory under
   ``noeviction``) falls back to deleting the version hash, which Redis allows even when full
   and which invalidates at least as much.
@@ -31,6 +36,7 @@ from redis.exceptions import TimeoutError as RedisTimeout
 
 from proxy.cache import locks, resp
 from proxy.cache.keys import COORDINATION, EPOCH, Bump
+from proxy.cache.mirror import VersionMirror
 from proxy.cache.redis_commands import (
     FENCE_SUFFIX,
     IF_LEADER,
@@ -45,6 +51,7 @@ from proxy.cache.redis_commands import (
 )
 from proxy.cache.redis_tls import refusal
 from proxy.cache.store import CacheUnavailable, Found, Versions, new_epoch, note_fences
+from proxy.cache.tracking import InvalidationStreams, Place
 from proxy.metrics import Metrics
 from proxy.retry import Backoff, Breaker
 from proxy.tasks import background
@@ -57,6 +64,11 @@ CONNECT_BUDGET = 5.0
 
 
 TIMEOUTS_TO_OPEN = 3  # timeouts within a second, outnumbering successes, that open the breaker
+# A version hash touched (its life extended) by this proxy this recently is not touched again
+# by a fill: every touch is a change Redis tells every proxy's mirror about. Its life is at
+# least the version TTL less this, which outlasts the longest entry TTL (see app.py).
+TOUCH_EVERY = 60.0
+TOUCHED_KEYS = 50_000
 
 
 class RedisStore:
@@ -72,6 +84,9 @@ class RedisStore:
         mode: str = "auto",
         breaker: Breaker | None = None,
         fence_ttl: float = 300.0,
+        tracking_prefix: str | None = None,
+        tracking_max_lag: float = 1.0,
+        mirror_bytes: int = 32 << 20,
     ) -> None:
         self.url = url
         self.timeout = timeout
@@ -88,6 +103,23 @@ class RedisStore:
         self._conn_kwargs: dict[str, Any] = {}
         self._fast: dict[tuple[str, int] | str, resp.RespConnection] = {}
         self.cluster = False
+        self._touched: dict[str, float] = {}
+        # The coherent in-process copy of the versions (None: --redis-tracking off).
+        self.mirror: VersionMirror | None = None
+        self.streams: InvalidationStreams | None = None
+        if tracking_prefix is not None:
+            self.mirror = VersionMirror(
+                0, max_bytes=mirror_bytes, max_lag=tracking_max_lag, fence_suffix=FENCE_SUFFIX
+            )
+            self.streams = InvalidationStreams(
+                self.mirror,
+                tracking_prefix,
+                metrics,
+                beat=min(0.25, tracking_max_lag / 4),
+                timeout=timeout,
+            )
+        self._local = metrics.version_reads.labels("local")
+        self._remote = metrics.version_reads.labels("redis")
 
     # -- connection and breaker ------------------------------------------------------------
     #
@@ -157,6 +189,29 @@ class RedisStore:
         log.info(
             "cache: connected to %s Redis at %s", "cluster" if cluster else "single", self._safe_url
         )
+        self._track(places)
+
+    def _track(self, places: list[Place]) -> None:
+        """(Re)start the invalidation streams, one per node."""
+        if self.streams is None:
+            return
+        self.streams.start(places, self._beat_tags(places), self._open_fast, self._send_to)
+
+    def _beat_tags(self, places: list[Place]) -> list[str]:
+        """A hash tag stored on each place (a cluster node holds only its slots)."""
+        if not self.cluster:
+            return ["beat"] * len(places)
+        tags: dict[Place, str] = {}
+        for n in range(100_000):
+            tag = f"beat{n}"
+            node = self._client.nodes_manager.get_node_from_slot(resp.key_slot("{" + tag + "}"))
+            tags.setdefault((node.host, node.port), tag)
+            if all(p in tags for p in places):
+                break
+        return [tags.get(p, "beat") for p in places]
+
+    async def _send_to(self, place: Place, commands: list[resp.Command]) -> list[Any]:
+        return await resp.replies_within(self._fast_connection(place).send(commands), self.timeout)
 
     async def _open_fast(self, where: tuple[str, int] | str) -> resp.RespConnection:
         kwargs = dict(self._conn_kwargs)
@@ -221,6 +276,8 @@ class RedisStore:
             self._drop_client()
 
     def _drop_client(self) -> None:
+        if self.streams is not None:
+            self.streams.stop()
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
@@ -292,11 +349,26 @@ class RedisStore:
 
     # -- the Store interface ---------------------------------------------------------------
 
+    def local(self, versions: Mapping[str, Sequence[str]]) -> Versions | None:
+        """The versions asked for, from the mirror, if it may answer for all of them."""
+        mirror = self.mirror
+        if mirror is None or not mirror.trusted(time.monotonic()):
+            return None
+        return mirror.get(versions)
+
     async def lookup(
         self, versions: Mapping[str, Sequence[str]], entries: Sequence[str]
     ) -> tuple[Versions, Found]:
+        mirror = self.mirror
+        if mirror is not None and not entries:
+            known = self.local(versions)
+            if known is not None:
+                self._local.inc()
+                return known, {}
         if not self.breaker.ready():
             raise CacheUnavailable("redis backing off after errors")
+        ticket = mirror.ticket() if mirror is not None else 0
+        self._remote.inc()
         order = list(versions.items())
         commands: list[resp.Command] = [("HMGET", key, *names) for key, names in order]
         # The fences, read after the versions: a fill under versions a write or a lock
@@ -312,6 +384,9 @@ class RedisStore:
             fences = results[len(order) + i]
             if fences:
                 note_fences(got[key], fence_fields(fences), now)
+            elif ticket:
+                assert mirror is not None
+                mirror.learn(ticket, key, got[key])
         found: Found = dict(zip(entries, results[2 * len(order)] if entries else [], strict=True))
         return got, found
 
@@ -321,16 +396,40 @@ class RedisStore:
             ops.append(op("hsetnx", key, EPOCH, new_epoch()))
             ops.append(op("expire", key, self.version_ttl))
             ops.append(op("hget", key, EPOCH))
-        results = await self._run("version", ops)
+        try:
+            results = await self._run("version", ops)
+        finally:
+            self._changed(keys)
+        now = time.monotonic()
+        for key in keys:
+            self._touched[key] = now
         return {key: results[i * 3 + 2] for i, key in enumerate(keys)}
+
+    def _changed(self, keys: Sequence[str]) -> None:
+        """This store changed ``keys`` (or may have: called whether or not Redis answered)."""
+        if self.mirror is not None:
+            self.mirror.forget(keys)
+
+    def _to_touch(self, keys: Sequence[str]) -> list[str]:
+        now = time.monotonic()
+        due = [k for k in keys if now - self._touched.get(k, -TOUCH_EVERY) >= TOUCH_EVERY]
+        if len(self._touched) + len(due) > TOUCHED_KEYS:
+            self._touched.clear()
+        for key in due:
+            self._touched[key] = now
+        return due
 
     async def save(self, entries: Sequence[tuple[str, bytes, float]], touch: Sequence[str]) -> None:
         ops: list[Op] = []
         for key, value, ttl in entries:
             ops.append(op("set", key, value, px=max(1, int(ttl * 1000))))
-        for key in touch:
+        touched = self._to_touch(touch)
+        for key in touched:
             ops.append(op("expire", key, self.version_ttl))
-        await self._run("set", ops)
+        try:
+            await self._run("set", ops)
+        finally:
+            self._changed(touched)
 
     def _bump_commands(self, bumps: Sequence[Bump]) -> list[resp.Command]:
         return bump_commands(bumps, self.version_ttl)
@@ -342,13 +441,18 @@ class RedisStore:
         return int(max(self.fence_ttl, seconds) * 1000) + 1000
 
     async def bump(self, bumps: Sequence[Bump]) -> None:
+        keys = sorted({b.key for b in bumps})
         try:
             await self._run("version", self._bump_ops(bumps))
         except CacheUnavailable:
             # Out of memory refuses HINCRBY but allows DEL: drop the hashes instead.
             self.breaker.try_now()  # one immediate attempt: invalidation matters
-            keys = sorted({b.key for b in bumps})
-            await self._run("delete", [op("delete", k) for k in keys])
+            try:
+                await self._run("delete", [op("delete", k) for k in keys])
+            finally:
+                self._changed(keys)
+        else:
+            self._changed(keys)
 
     async def lease(self, key: str, token: str, ttl: float) -> bool:
         ms = max(1, int(ttl * 1000))
@@ -375,7 +479,10 @@ class RedisStore:
             ops.append(op("hset", fence_key(key), intent, deadline))
             ops.append(op("pexpire", fence_key(key), self._fence_life_ms(seconds)))
             ops.append(op("hgetall", fence_key(key)))
-        results = await self._run("version", ops + self._bump_ops(bumps))
+        try:
+            results = await self._run("version", ops + self._bump_ops(bumps))
+        finally:
+            self._changed([*keys, *(b.key for b in bumps)])
         out: dict[str, list[str]] = {}
         for i, key in enumerate(keys):
             found = results[i * 3 + 2] or {}
@@ -395,7 +502,10 @@ class RedisStore:
         await self.bump(bumps)
         ops = [op("hdel", fence_key(key), intent) for key in keys]
         ops += [op("hdel", fence_key(key), name) for key, name in also]
-        await self._run("version", ops)
+        try:
+            await self._run("version", ops)
+        finally:
+            self._changed([*keys, *(key for key, _ in also)])
 
     async def mark(
         self, items: Sequence[tuple[str, str]], deadline: float, bumps: Sequence[Bump] = ()
@@ -409,12 +519,18 @@ class RedisStore:
         for key, name in items:
             commands.append(("HSET", fence_key(key), name, repr(deadline)))
             commands.append(("PEXPIRE", fence_key(key), life))
-        await self._lean("version", commands + self._bump_commands(bumps))
+        try:
+            await self._lean("version", commands + self._bump_commands(bumps))
+        finally:
+            self._changed([*(key for key, _ in items), *(b.key for b in bumps)])
 
     async def unmark(self, items: Sequence[tuple[str, str]]) -> int:
         if not items:
             return 0
-        results = await self._run("version", [op("hdel", fence_key(k), n) for k, n in items])
+        try:
+            results = await self._run("version", [op("hdel", fence_key(k), n) for k, n in items])
+        finally:
+            self._changed([k for k, _ in items])
         return sum(int(r) for r in results)
 
     async def marks(self, keys: Sequence[str]) -> dict[str, dict[str, float]]:
@@ -439,6 +555,8 @@ class RedisStore:
     async def flush(self, pattern: str = "") -> int:
         client = self._ready_client()
         removed = 0
+        if self.mirror is not None:
+            self.mirror.forget_everything()
         try:
             async with asyncio.timeout(max(self.timeout, 30.0)):
                 batch: list[bytes] = []
@@ -456,6 +574,9 @@ class RedisStore:
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed("delete", exc)
             raise CacheUnavailable(str(exc)) from exc
+        finally:
+            if self.mirror is not None:
+                self.mirror.forget_everything()
         return removed
 
     async def _unlink(self, client: Any, keys: list[bytes]) -> int:
@@ -478,10 +599,18 @@ class RedisStore:
     async def _refresh_slots(self) -> None:
         with contextlib.suppress(Exception):
             await self._client.nodes_manager.initialize()
+            # A failover or a resharding: each new primary gets a stream of its own.
+            places: list[Place] = [(n.host, n.port) for n in self._client.get_primaries()]
+            if self.streams is not None and sorted(map(str, places)) != sorted(
+                map(str, self.streams.places)
+            ):
+                self._track(places)
 
     async def close(self) -> None:
         if self._connect_task is not None and not self._connect_task.done():
             self._connect_task.cancel()
+        if self.streams is not None:
+            await self.streams.close()
         for conn in self._fast.values():
             conn.close()
         self._fast.clear()

@@ -161,6 +161,9 @@ class RespConnection(asyncio.Protocol):
         self._waiting: deque[asyncio.Future[Any]] = deque()
         self._outgoing: list[bytes] = []
         self.closed = False
+        # A subscribed connection's messages (replies no command waits for), and its end.
+        self.on_push: Callable[[Any], None] | None = None
+        self.on_lost: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport; not asserted with isinstance: uvloop's are not subclasses of
@@ -170,10 +173,14 @@ class RespConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._reader.feed(data)
         try:
-            while self._waiting:
+            while self._waiting or self.on_push is not None:
                 value = self._reader.gets()
                 if value is INCOMPLETE:
                     break
+                if not self._waiting:
+                    assert self.on_push is not None
+                    self.on_push(value)
+                    continue
                 future = self._waiting.popleft()
                 if not future.done():  # abandoned by a timed-out caller: its reply is dropped
                     future.set_result(value)
@@ -187,6 +194,8 @@ class RespConnection(asyncio.Protocol):
 
     def _fail(self, exc: Exception) -> None:
         self.closed = True
+        if self.on_lost is not None:
+            self.on_lost()
         while self._waiting:
             future = self._waiting.popleft()
             if not future.done():

@@ -3,7 +3,8 @@
 What the engine, the lock fences and the follower ask of a store; each call is one round trip
 to Redis (see ``redis_store``):
 
-* ``lookup``: the current values of some version fields, and some entries;
+* ``lookup``: the current values of some version fields, and some entries (``local``: the
+  versions alone, when the store keeps a coherent copy in process);
 * ``ensure_epochs``: give version hashes that have none an epoch token (before a fill);
 * ``save``: write entries with their TTL, and extend the life of the version hashes they
   depend on (a hash must outlive every entry filled under it);
@@ -54,6 +55,10 @@ class Store(Protocol):
     async def lookup(
         self, versions: Mapping[str, Sequence[str]], entries: Sequence[str]
     ) -> tuple[Versions, Found]: ...
+
+    def local(self, versions: Mapping[str, Sequence[str]]) -> Versions | None:
+        """The versions asked for, if they can be known without a round trip that a
+        look-up would make (``None``: ask :meth:`lookup`)."""
 
     async def ensure_epochs(self, keys: Sequence[str]) -> dict[str, bytes]: ...
 
@@ -167,6 +172,9 @@ class MemoryStore:
                 self._entries.move_to_end(key)
                 values[key] = item[0]
         return got, values
+
+    def local(self, versions: Mapping[str, Sequence[str]]) -> Versions | None:
+        return None  # a look-up here is in process already
 
     async def ensure_epochs(self, keys: Sequence[str]) -> dict[str, bytes]:
         out = {}

@@ -6,13 +6,16 @@ through the proxy; after every write, a battery of reads (existing and missing o
 made both through the proxy and directly, and the raw replies must be byte-identical. The
 battery runs twice per step, so the second round is served from the cache wherever the
 cache holds the answer. Run against the embedded cache, a single Redis and a 3-node Redis
-Cluster.
+Cluster; with Redis, a second proxy on the same store (versions kept in process, coherent
+through Redis's invalidations) answers every read too, and must equal the HMS within the
+invalidation's bound (--redis-tracking-max-lag) after a write made through the first.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +35,7 @@ pytestmark = pytest.mark.hms
 STEPS = int(os.environ.get("MODEL_STEPS", "45"))
 DAYS = [f"2024-02-{d:02d}" for d in range(1, 9)]
 M = idl.module()
+MAX_LAG = 1.0  # --redis-tracking-max-lag of the proxies: the bound on the second one
 
 
 @dataclass
@@ -52,7 +56,14 @@ def _sd() -> Any:
 
 
 class Model:
-    def __init__(self, hms: MetastoreServer, proxy: ProxyProcess, seed: int, prefix: str) -> None:
+    def __init__(
+        self,
+        hms: MetastoreServer,
+        proxy: ProxyProcess,
+        seed: int,
+        prefix: str,
+        other: ProxyProcess | None = None,
+    ) -> None:
         self.hms = hms
         self.proxy = proxy
         self.rng = random.Random(seed)
@@ -60,11 +71,16 @@ class Model:
         self.seqid = 0
         self.via = raw.RawConnection("127.0.0.1", proxy.port)
         self.direct = raw.RawConnection(hms.host, hms.port)
+        self.other = raw.RawConnection("127.0.0.1", other.port) if other is not None else None
         self.mismatches: list[str] = []
+        self.late = 0  # reads through the other proxy that were right only after a retry
+        self.slowest = 0.0
 
     def close(self) -> None:
         self.via.close()
         self.direct.close()
+        if self.other is not None:
+            self.other.close()
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -80,13 +96,24 @@ class Model:
         # Byte for byte, except get_partitions_by_names assembled from partitions cached from
         # other requests: those carry the HMS's bytes from that other request, and the HMS
         # orders a partition's parameter map differently from request to request.
-        same = (
-            raw.same_result(method, proxied, direct)
-            if method == "get_partitions_by_names"
-            else proxied == direct
-        )
-        if not same:
+        def same(proxied: bytes) -> bool:
+            if method == "get_partitions_by_names":
+                return raw.same_result(method, proxied, direct)
+            return proxied == direct
+
+        if not same(proxied):
             self.mismatches.append(f"{method}({args})")
+        if self.other is None:
+            return
+        started = time.monotonic()
+        deadline = started + MAX_LAG + 0.5  # the bound, and the time to ask again
+        while not same(self.other.call(request)):
+            if time.monotonic() > deadline:
+                self.mismatches.append(f"other proxy: {method}({args})")
+                return
+            time.sleep(0.01)
+            self.late += 1
+        self.slowest = max(self.slowest, time.monotonic() - started)
 
     def table_object(self, db: str, table: str) -> Any:
         reply = raw.call(
@@ -314,10 +341,13 @@ def test_reads_through_the_proxy_equal_reads_at_the_hms(
     store_args: list[str],
     request: pytest.FixtureRequest,
 ) -> None:
-    proxy = proxy_factory(*store_args, "--redis-timeout", "1")
+    lag = ["--redis-tracking-max-lag", str(MAX_LAG)]
+    proxy = proxy_factory(*store_args, "--redis-timeout", "1", *lag)
+    other = proxy_factory(*store_args, "--redis-timeout", "1", *lag) if store_args else None
     seed = int(os.environ.get("MODEL_SEED", "20261129")) + len(store_args)
     kind = request.node.callspec.params["store_args"] if hasattr(request.node, "callspec") else "x"
-    model = Model(hms, proxy, seed, prefix=f"model_{kind}_{random.randrange(10**6)}")
+    prefix = f"model_{kind}_{random.randrange(10**6)}"
+    model = Model(hms, proxy, seed, prefix=prefix, other=other)
     try:
         model.create_database()
         for _ in range(STEPS):
@@ -338,3 +368,9 @@ def test_reads_through_the_proxy_equal_reads_at_the_hms(
     assert hits > misses  # the cache really answered most of it
     assert proxy.metric("hmsproxy_cache_errors_total", operation="get") == 0
     assert "Traceback" not in proxy.log()
+    if other is not None:
+        # The second proxy's hits read their versions in process (no Redis round trip).
+        local = other.metric("hmsproxy_cache_version_reads_total", source="local")
+        assert local > other.metric("hmsproxy_cache_version_reads_total", source="redis")
+        assert "Traceback" not in other.log()
+        print(f"other proxy: {model.late} retries, slowest {model.slowest * 1000:.1f} ms")

@@ -1,0 +1,221 @@
+"""Redis's invalidation streams, feeding the version mirror (the I/O edge of :mod:`.mirror`).
+
+One connection per Redis node (each primary of a cluster: tracking is per node) turns on
+client-side caching in broadcast mode for the deployment's key prefix, redirected to itself,
+and subscribes to ``__redis__:invalidate`` (RESP2: no push messages needed, and the stream
+and its tracking live and die together: a dropped connection is a lost stream, never a
+silent one). Redis then names every key under the prefix that changes, expires, is evicted
+or is flushed, in the order the changes happened.
+
+Every ``beat`` seconds this proxy sets a short-lived key of its own on each node, through
+its ordinary look-up connection, and notes when; the key's invalidation coming back through
+the node's stream proves the stream delivers, and how late (the mirror trusts it only within
+``--redis-tracking-max-lag``). A stream that cannot be opened is retried with a backoff;
+until then the mirror serves nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
+
+from proxy.cache import resp
+from proxy.cache.mirror import VersionMirror
+from proxy.metrics import Metrics
+from proxy.retry import Backoff
+from proxy.tasks import background
+
+log = logging.getLogger(__name__)
+
+CHANNEL = b"__redis__:invalidate"
+BEAT_LIFE_MS = 5000
+
+Place = tuple[str, int] | str
+Opener = Callable[[Place], Awaitable[resp.RespConnection]]
+# Sends commands over the ordinary look-up connection of a place (raises on failure).
+Sender = Callable[[Place, list[resp.Command]], Awaitable[list[Any]]]
+
+
+class InvalidationStreams:
+    def __init__(
+        self,
+        mirror: VersionMirror,
+        prefix: str,
+        metrics: Metrics,
+        *,
+        beat: float,
+        timeout: float,
+    ) -> None:
+        self.mirror = mirror
+        self.prefix = prefix
+        self.metrics = metrics
+        self.beat = beat
+        self.timeout = timeout
+        self._token = os.urandom(6).hex()
+        self._count = 0
+        self._places: list[Place] = []
+        self._beat_tags: list[str] = []
+        self._conns: list[resp.RespConnection | None] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._said_down = False
+
+    @property
+    def places(self) -> list[Place]:
+        return list(self._places)
+
+    def start(
+        self, places: Sequence[Place], beat_tags: Sequence[str], opener: Opener, sender: Sender
+    ) -> None:
+        """Track ``places`` (the nodes); ``beat_tags[i]``: a hash tag stored on place i."""
+        self.stop()
+        self._places, self._beat_tags = list(places), list(beat_tags)
+        self._conns = [None] * len(self._places)
+        self.mirror.reset(len(self._places))
+        for i, place in enumerate(self._places):
+            self._spawn(self._keep_stream(i, place, opener))
+        self._spawn(self._beats(sender))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = background(work, "the redis invalidation stream")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        self._tasks.clear()
+        for conn in self._conns:
+            if conn is not None:
+                conn.close()
+        self._conns = []
+        self._places = []
+        self.mirror.reset(0)
+        self._state()
+
+    # -- one stream ------------------------------------------------------------------------
+
+    async def _keep_stream(self, i: int, place: Place, opener: Opener) -> None:
+        backoff = Backoff(base=0.2, cap=5.0)
+        while True:
+            lost = asyncio.get_running_loop().create_future()
+            try:
+                conn = await self._open(place, opener, lost)
+            except (OSError, TimeoutError, resp.RespError, resp.Disconnected) as exc:
+                self.metrics.tracking_resyncs.labels("connect_failed").inc()
+                if not self._said_down:
+                    self._said_down = True
+                    log.warning(
+                        "cache: redis invalidation stream to %s failed (%s); hits read "
+                        "versions from redis until it is back",
+                        _name(place),
+                        str(exc) or type(exc).__name__,
+                    )
+                await asyncio.sleep(backoff.failed())
+                continue
+            self._conns[i] = conn
+            self.mirror.subscribed(i)
+            backoff.succeeded()
+            if self._said_down:
+                self._said_down = False
+                log.info("cache: redis invalidation stream to %s is back", _name(place))
+            try:
+                await lost
+            finally:
+                self._conns[i] = None
+                conn.close()
+            self.mirror.lost(i)
+            self.metrics.tracking_resyncs.labels("stream_lost").inc()
+            self._state()
+            log.debug("cache: redis invalidation stream to %s lost", _name(place))
+
+    async def _open(
+        self, place: Place, opener: Opener, lost: asyncio.Future[None]
+    ) -> resp.RespConnection:
+        conn = await opener(place)
+        try:
+            async with asyncio.timeout(max(self.timeout, 1.0)):
+                (cid,) = await asyncio.gather(*conn.send([("CLIENT", "ID")]))
+                if isinstance(cid, resp.RespError):
+                    raise cid
+                replies = await asyncio.gather(
+                    *conn.send(
+                        [
+                            (
+                                "CLIENT",
+                                "TRACKING",
+                                "ON",
+                                "REDIRECT",
+                                int(cid),
+                                "BCAST",
+                                "PREFIX",
+                                self.prefix,
+                            ),
+                            ("SUBSCRIBE", CHANNEL),
+                        ]
+                    )
+                )
+        except BaseException:
+            conn.close()
+            raise
+        for reply in replies:
+            if isinstance(reply, resp.RespError):
+                conn.close()
+                raise reply
+
+        def pushed(message: Any) -> None:
+            # ["message", channel, [key, ...]] or, for a flush, ["message", channel, None]
+            if isinstance(message, list) and len(message) == 3 and message[0] == b"message":
+                self.mirror.invalidated(message[2], time.monotonic())
+
+        def gone() -> None:
+            if not lost.done():
+                lost.set_result(None)
+
+        conn.on_push = pushed
+        conn.on_lost = gone
+        if conn.closed:
+            gone()
+        return conn
+
+    # -- beats -----------------------------------------------------------------------------
+
+    async def _beats(self, sender: Sender) -> None:
+        while True:
+            await asyncio.sleep(self.beat)
+            self._state()
+            sends = []
+            for i, place in enumerate(self._places):
+                if self._conns[i] is None:
+                    continue
+                self._count += 1
+                key = f"{self.prefix}{{{self._beat_tags[i]}}}:beat:{self._token}:{self._count}"
+                self.mirror.expect(key, i, time.monotonic())
+                sends.append(sender(place, [("SET", key, "1", "PX", BEAT_LIFE_MS)]))
+            # A beat that fails is simply not seen back: the mirror stops trusting the stream.
+            for outcome in await asyncio.gather(*sends, return_exceptions=True):
+                if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                    raise outcome
+
+    def _state(self) -> None:
+        now = time.monotonic()
+        self.metrics.tracking_up.set(1 if self.mirror.trusted(now) else 0)
+        for lag in self.mirror.lags:
+            self.metrics.tracking_lag.observe(lag)
+        self.mirror.lags.clear()
+        self.metrics.mirror_bytes.set(self.mirror.bytes)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        self.stop()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+def _name(place: Place) -> str:
+    return place if isinstance(place, str) else f"{place[0]}:{place[1]}"

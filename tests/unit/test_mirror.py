@@ -1,0 +1,146 @@
+"""The version mirror's rules (proxy.cache.mirror), each a guard against a stale hit."""
+
+from __future__ import annotations
+
+from proxy.cache.mirror import VersionMirror
+
+V = "hmsc:1:{t:db.t}:v"
+W = "hmsc:1:{t:db.u}:v"
+BEAT = "hmsc:1:{beat}:beat:x:1"
+
+
+def trusted_mirror(streams: int = 1, max_lag: float = 1.0) -> VersionMirror:
+    m = VersionMirror(streams, max_bytes=1 << 20, max_lag=max_lag, fence_suffix=":f")
+    for i in range(streams):
+        m.subscribed(i)
+        m.expect(f"{BEAT}{i}", i, 10.0)
+        m.invalidated([f"{BEAT}{i}".encode()], 10.001)
+    return m
+
+
+def test_learned_versions_are_served_while_trusted() -> None:
+    m = trusted_mirror()
+    m.learn(m.ticket(), V, {"table": b"3", "@": b"e1"})
+    assert m.trusted(10.5)
+    assert m.get({V: ["table", "@"]}) == {V: {"table": b"3", "@": b"e1"}}
+    assert m.get({V: ["table", "parts"]}) is None  # a field never read is not known
+    assert m.get({V: ["table"], W: ["table"]}) is None
+
+
+def test_an_invalidation_forgets_the_key() -> None:
+    m = trusted_mirror()
+    m.learn(m.ticket(), V, {"table": b"3"})
+    m.learn(m.ticket(), W, {"table": b"1"})
+    m.invalidated([V.encode()], 10.1)
+    assert m.get({V: ["table"]}) is None
+    assert m.get({W: ["table"]}) == {W: {"table": b"1"}}
+
+
+def test_a_fence_hash_invalidation_forgets_the_versions_it_guards() -> None:
+    m = trusted_mirror()
+    m.learn(m.ticket(), V, {"table": b"3"})
+    m.invalidated([(V + ":f").encode()], 10.1)
+    assert m.get({V: ["table"]}) is None
+
+
+def test_a_flush_forgets_everything() -> None:
+    m = trusted_mirror()
+    m.learn(m.ticket(), V, {"table": b"3"})
+    m.invalidated(None, 10.1)
+    assert len(m) == 0 and m.bytes == 0
+
+
+def test_a_reply_read_before_an_invalidation_that_arrived_first_is_not_learned() -> None:
+    # The look-up's reply and the invalidation come on different connections: the
+    # invalidation of a change made after Redis answered may be read here first.
+    m = trusted_mirror()
+    ticket = m.ticket()
+    m.invalidated([V.encode()], 10.1)
+    m.learn(ticket, V, {"table": b"3"})  # what Redis answered before the change
+    assert m.get({V: ["table"]}) is None
+    m.learn(ticket, W, {"table": b"1"})  # another key of the same look-up is fine
+    assert m.get({W: ["table"]}) is not None
+    later = m.ticket()
+    m.learn(later, V, {"table": b"4"})
+    assert m.get({V: ["table"]}) == {V: {"table": b"4"}}
+
+
+def test_own_changes_forget_and_refuse_what_was_read_before_them() -> None:
+    m = trusted_mirror()
+    m.learn(m.ticket(), V, {"table": b"3"})
+    in_flight = m.ticket()
+    m.forget([V + ":f"])  # this proxy fenced the table
+    assert m.get({V: ["table"]}) is None
+    m.learn(in_flight, V, {"table": b"3"})
+    assert m.get({V: ["table"]}) is None
+
+
+def test_nothing_is_trusted_or_learned_before_the_stream_is_subscribed() -> None:
+    m = VersionMirror(1, max_bytes=1 << 20, max_lag=1.0, fence_suffix=":f")
+    assert m.ticket() == 0
+    m.learn(m.ticket(), V, {"table": b"3"})
+    assert len(m) == 0
+    m.subscribed(0)
+    m.learn(m.ticket(), V, {"table": b"3"})
+    assert len(m) == 1
+    assert not m.trusted(10.0)  # subscribed, but no beat has come back yet
+
+
+def test_a_ticket_taken_before_a_resubscription_learns_nothing() -> None:
+    m = trusted_mirror()
+    ticket = m.ticket()
+    m.lost(0)
+    m.subscribed(0)
+    m.learn(ticket, V, {"table": b"3"})
+    assert len(m) == 0
+
+
+def test_a_lost_stream_forgets_everything_and_is_not_trusted() -> None:
+    m = trusted_mirror()
+    m.learn(m.ticket(), V, {"table": b"3"})
+    m.lost(0)
+    assert len(m) == 0
+    assert not m.trusted(10.1)
+    assert m.ticket() == 0
+
+
+def test_trust_ends_when_beats_stop_coming_back() -> None:
+    m = trusted_mirror(max_lag=1.0)  # the beat sent at 10.0 came back
+    assert m.trusted(10.9)
+    m.expect(BEAT + "b", 0, 10.5)  # sent, never seen back (a stalled stream)
+    assert not m.trusted(11.2)
+    m.invalidated([(BEAT + "b").encode()], 11.3)  # it arrives late: trusted again
+    assert m.trusted(11.3)
+    assert m.lags[-1] == 11.3 - 10.5
+
+
+def test_every_stream_of_a_cluster_must_deliver() -> None:
+    m = trusted_mirror(streams=3)
+    assert m.trusted(10.5)
+    m.expect(BEAT + "n0", 0, 10.6)
+    m.expect(BEAT + "n2", 2, 10.6)
+    m.invalidated([(BEAT + "n0").encode()], 10.7)
+    m.invalidated([(BEAT + "n2").encode()], 10.7)
+    # node 1's newest beat back was sent at 10.0
+    assert m.trusted(10.9) and not m.trusted(11.1)
+
+
+def test_memory_is_bounded_in_bytes() -> None:
+    m = VersionMirror(1, max_bytes=50_000, max_lag=1.0, fence_suffix=":f")
+    m.subscribed(0)
+    for i in range(2_000):
+        m.learn(m.ticket(), f"hmsc:1:{{t:db.t{i}}}:v", {f"p{j}": b"1" for j in range(5)})
+    assert m.bytes <= 50_000
+    assert 0 < len(m) < 2_000
+    assert m.get({"hmsc:1:{t:db.t1999}:v": ["p0"]}) is not None  # the newest stay
+    assert m.get({"hmsc:1:{t:db.t0}:v": ["p0"]}) is None
+
+
+def test_invalidations_remembered_for_tickets_are_bounded() -> None:
+    m = trusted_mirror()
+    ticket = m.ticket()
+    m.invalidated([f"k{i}".encode() for i in range(60_000)], 10.1)
+    m.learn(ticket, V, {"table": b"3"})  # its key's invalidation may have been forgotten
+    assert len(m) == 0
+    m.learn(m.ticket(), V, {"table": b"3"})
+    assert len(m) == 1
