@@ -2,10 +2,13 @@
 
     .venv/bin/python -m bench.cache [--store redis|embedded] [--seconds 10]
 
-Prints, as ratios: get_table, get_partitions_by_names of 100 and get_partitions of 10,000
-(10.7 MB) served from the cache vs made directly; the hit p50 vs a raw Redis GET of the
-same stored value (the floor: one Redis round trip from a Python client); hits per second
-with 64 concurrent connections; Redis bytes per cached partition vs its Thrift bytes.
+Prints, as ratios: get_table, get_partitions_by_names of 100 (the same request repeated,
+and requests of other names assembled from partitions other requests cached) and
+get_partitions of 10,000 (10.7 MB) served from the cache vs made directly, and vs the floor:
+a do-nothing asyncio server on the proxy's event loop that answers the same request with the
+same reply bytes (the cost of one Python round trip here); hits per second with 64
+concurrent connections against the floor server's with the same load generator; Redis
+bytes per cached partition vs its Thrift bytes.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ import redis
 from bench.common import (
     BENCH_DB,
     WIDE_TABLE,
+    ReplayFloor,
     TimedConnection,
     asyncio_echo_floor,
     ensure_wide_table,
     loopback_transfer_floor,
     p50,
     percentile,
+    reply_bytes,
     start_metastore,
 )
 from proxy import idl
@@ -37,19 +42,23 @@ DATA = Path(__file__).resolve().parents[1] / ".rig" / "bench"
 
 
 def side_by_side(
-    direct: TimedConnection, cached: TimedConnection, request: bytes, runs: int
-) -> tuple[list[float], list[float], int]:
-    length = direct.reply_length(request)
-    assert cached.reply_length(request) == length  # fills the cache
-    cached.reply_length(request)
-    d, c = [], []
+    conns: list[TimedConnection], requests: list[bytes], runs: int, fill: bool = True
+) -> tuple[list[list[float]], int]:
+    """Each connection's timings, taking turns call by call (so that the machine's moments
+    fall on all alike); request ``i % len(requests)`` on run ``i``. ``fill``: ask each
+    request once before timing (the cache then holds its whole reply)."""
+    length = conns[0].reply_length(requests[0])
+    for conn in conns[1:] if fill else ():
+        for request in requests:
+            assert conn.reply_length(request) == length
+    times: list[list[float]] = [[] for _ in conns]
     for i in range(runs):
-        first, second = (direct, cached) if i % 2 else (cached, direct)
-        t1 = first.timed(request, length)
-        t2 = second.timed(request, length)
-        (d if first is direct else c).append(t1)
-        (c if first is direct else d).append(t2)
-    return d, c, length
+        request = requests[i % len(requests)]
+        order = list(range(len(conns)))
+        order = order[i % len(order) :] + order[: i % len(order)]
+        for k in order:
+            times[k].append(conns[k].timed(request, length))
+    return times, length
 
 
 async def load(
@@ -103,44 +112,59 @@ def main() -> None:
             extra += ["--redis", redis_server.url]
         proxy = ProxyProcess(DATA, hms.uri, *extra).start()
         direct, cached = TimedConnection(hms.port), TimedConnection(proxy.port)
-        names = [f"ds=p{i:06d}" for i in range(100)]
+
+        def by_names(seqid: int, first: int) -> bytes:
+            names = [f"ds=p{i:06d}" for i in range(first, first + 100)]
+            return idl.encode_call(
+                "get_partitions_by_names", seqid, db_name=BENCH_DB, tbl_name=WIDE_TABLE, names=names
+            )
+
+        # Partitions 0-999 cached by ten requests of 100; then requests of 100 names starting
+        # elsewhere, each asked once: assembled from partitions the others cached.
+        for first in range(0, 1000, 100):
+            cached.reply_length(by_names(9, first))
+        assembled = [by_names(4, first) for first in range(1, 900, 2)]
         cases = [
             (
                 "get_table",
-                idl.encode_call("get_table", 1, dbname=BENCH_DB, tbl_name=WIDE_TABLE),
+                [idl.encode_call("get_table", 1, dbname=BENCH_DB, tbl_name=WIDE_TABLE)],
                 args.runs,
             ),
-            (
-                "get_partitions_by_names (100)",
-                idl.encode_call(
-                    "get_partitions_by_names", 2, db_name=BENCH_DB, tbl_name=WIDE_TABLE, names=names
-                ),
-                max(50, args.runs // 10),
-            ),
+            ("get_partitions_by_names (100), repeated", [by_names(2, 0)], max(50, args.runs // 5)),
+            ("get_partitions_by_names (100), assembled", assembled, len(assembled)),
             (
                 f"get_partitions ({args.partitions:,})",
-                idl.encode_call(
-                    "get_partitions", 3, db_name=BENCH_DB, tbl_name=WIDE_TABLE, max_parts=-1
-                ),
+                [
+                    idl.encode_call(
+                        "get_partitions", 3, db_name=BENCH_DB, tbl_name=WIDE_TABLE, max_parts=-1
+                    )
+                ],
                 30,
             ),
         ]
+        # The floor answers each request with the HMS's own reply bytes (an assembled reply is
+        # the size of a repeated one; the floor replays the same reply for them).
+        pairs = [(r, reply_bytes(direct, r)) for _, requests, _ in cases for r in requests]
+        loop = "uvloop" if args.event_loop != "asyncio" and _has_uvloop() else "asyncio"
+        floor_server = ReplayFloor(pairs, loop, DATA / "floor")
+        floor = TimedConnection(floor_server.port)
         rows = []
         results = {}
-        for name, request, runs in cases:
-            d, c, size = side_by_side(direct, cached, request, runs)
+        for name, requests, runs in cases:
+            fill = "assembled" not in name
+            (d, c, f), size = side_by_side([direct, cached, floor], requests, runs, fill)
             results[name] = (d, c, size)
             rows.append(
                 f"| {name} | {size:,} | {p50(d) * 1000:.3f} | {p50(c) * 1000:.3f} | "
-                f"{p50(d) / p50(c):.1f}x | {percentile(d, 0.99) * 1000:.2f} | "
+                f"{p50(f) * 1000:.3f} | **{p50(c) / p50(f):.2f}x** | {p50(d) / p50(c):.1f}x | "
                 f"{percentile(c, 0.99) * 1000:.2f} |"
             )
-        print(f"\nstore: {args.store}\n")
+        print(f"\nstore: {args.store}, floor server on {loop}\n")
         print(
-            "| call | reply bytes | direct p50 ms | hit p50 ms | hit speed-up"
-            " | direct p99 ms | hit p99 ms |"
+            "| call | reply bytes | direct p50 ms | hit p50 ms | floor p50 ms | hit / floor"
+            " | direct / hit | hit p99 ms |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
         print("\n".join(rows))
 
         if redis_server is not None:
@@ -175,23 +199,42 @@ def main() -> None:
             f"{echo * 1000:.3f} ms; receiving {big:,} bytes over loopback p50 "
             f"{loopback_transfer_floor(big) * 1000:.2f} ms"
         )
-        request, (d, c, length) = cases[0][1], results["get_table"]
-        calls, latencies = asyncio.run(
-            load(proxy.port, request, length, args.connections, args.seconds)
-        )
-        print(
-            f"\n{args.connections} connections, get_table hits for {args.seconds:g} s: "
-            f"{calls / args.seconds:,.0f} hits/s, p50 {p50(latencies) * 1000:.2f} ms, "
-            f"p99 {percentile(latencies, 0.99) * 1000:.2f} ms"
-        )
+        request, length = cases[0][1][0], results["get_table"][2]
+        out = {}
+        for name, port in (("proxy", proxy.port), ("floor", floor_server.port)):
+            calls, latencies = asyncio.run(
+                load(port, request, length, args.connections, args.seconds)
+            )
+            out[name] = calls / args.seconds
+            print(
+                f"\n{args.connections} connections, get_table from the {name} for "
+                f"{args.seconds:g} s: {calls / args.seconds:,.0f} calls/s, p50 "
+                f"{p50(latencies) * 1000:.2f} ms, p99 {percentile(latencies, 0.99) * 1000:.2f} ms"
+            )
+        print(f"hits/s vs the floor server's: **{out['proxy'] / out['floor']:.2f}x**")
+        reads = {
+            source: proxy.metric("hmsproxy_cache_version_reads_total", source=source)
+            for source in ("local", "redis")
+        }
+        print(f"version look-ups by source: {reads}")
         direct.close()
         cached.close()
+        floor.close()
+        floor_server.stop()
     finally:
         if proxy is not None:
             proxy.stop()
         if redis_server is not None:
             redis_server.stop()
         hms.stop()
+
+
+def _has_uvloop() -> bool:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 if __name__ == "__main__":

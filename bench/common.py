@@ -144,6 +144,71 @@ asyncio.run(main())
 """
 
 
+REPLAY_SERVER = """
+import asyncio, pickle, socket, sys
+pairs = dict(pickle.load(open(sys.argv[1], "rb")))  # request -> reply
+if sys.argv[2] == "uvloop":
+    import uvloop
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+class Replay(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport = transport
+        self.buf = b""
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def data_received(self, data):
+        self.buf += data
+        reply = pairs.get(self.buf)  # one request at a time: the whole buffer is it
+        if reply is not None:
+            self.buf = b""
+            self.transport.write(reply)
+async def main():
+    server = await asyncio.get_running_loop().create_server(Replay, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.sleep(3600)
+asyncio.run(main())
+"""
+
+
+class ReplayFloor:
+    """The floor: a do-nothing asyncio server (in another process, on the proxy's event
+    loop) that answers each known request with the reply bytes given for it. What one Python
+    round trip with the same bytes costs here; a proxy hit can only add to it."""
+
+    def __init__(self, pairs: list[tuple[bytes, bytes]], loop: str, workdir: Path) -> None:
+        import pickle
+        import subprocess
+        import sys
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        data = workdir / "replay.pickle"
+        data.write_bytes(pickle.dumps(pairs))
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", REPLAY_SERVER, str(data), loop],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        self.port = int(self.process.stdout.readline())
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+def reply_bytes(conn: TimedConnection, request: bytes) -> bytes:
+    """The whole reply to ``request`` (as the floor server is to replay it)."""
+    conn.sock.sendall(request)
+    reader = MessageReader(Transport.BUFFERED, 1 << 30)
+    while True:
+        chunk = conn.sock.recv(1 << 20)
+        if not chunk:
+            raise EOFError("closed")
+        reader.feed(chunk)
+        message = reader.next_message()
+        if message is not None:
+            return bytes(message.data)
+
+
 def asyncio_echo_floor(runs: int = 3000) -> float:
     """p50 of a 100-byte round trip through a do-nothing asyncio echo server in another
     process on loopback: the least any Python asyncio proxy hop can cost on this machine."""

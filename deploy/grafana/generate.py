@@ -554,6 +554,32 @@ def invalidation() -> list[Panel]:
             "short",
         ),
         timeseries(
+            "Versions in process (Redis tracking)",
+            "Where hits read the versions they depend on: local (the in-process copy Redis keeps "
+            "coherent, no round trip) or redis, per second; streams up (every invalidation "
+            "stream delivering within --redis-tracking-max-lag) and resyncs per second.",
+            [
+                target(
+                    f"sum by (source) ({rate('hmsproxy_cache_version_reads_total')})",
+                    "{{source}}",
+                ),
+                target("sum(hmsproxy_redis_tracking_up" + sel() + ")", "streams up"),
+                target(f"sum({rate('hmsproxy_redis_tracking_resyncs_total')})", "resyncs"),
+                target("sum(hmsproxy_redis_tracking_mirror_bytes" + sel() + ")", "bytes held"),
+            ],
+            "short",
+        ),
+        timeseries(
+            "Invalidation delivery (another proxy's write seen here)",
+            "p50 and p99 of the time from setting a beat key to its invalidation arriving "
+            "through the stream: how late a write made through another proxy is seen.",
+            [
+                target(quantile(0.5, "hmsproxy_redis_tracking_delivery_seconds"), "p50"),
+                target(quantile(0.99, "hmsproxy_redis_tracking_delivery_seconds"), "p99"),
+            ],
+            "s",
+        ),
+        timeseries(
             "Notification follower, per proxy",
             "enabled: the proxy is set to follow the log; leader: it holds the follower lease "
             "(exactly one per Redis); active: the log is followed and moves with writes.",

@@ -523,6 +523,11 @@ class RedisStore:
             await self._lean("version", commands + self._bump_commands(bumps))
         finally:
             self._changed([*(key for key, _ in items), *(b.key for b in bumps)])
+        if bumps and self.streams is not None and self.mirror is not None:
+            # Every proxy's copy of these versions must be dropped before the lock is
+            # forwarded (see InvalidationStreams.heard); not heard in time, it goes on anyway:
+            # a proxy whose stream is that late stops trusting it within the same bound.
+            await self.streams.heard(sorted({fence_key(k) for k, _ in items}), self.mirror.max_lag)
 
     async def unmark(self, items: Sequence[tuple[str, str]]) -> int:
         if not items:

@@ -100,7 +100,9 @@ class Store(Protocol):
         self, items: Sequence[tuple[str, str]], deadline: float, bumps: Sequence[Bump] = ()
     ) -> None:
         """Set fence fields (version key, field name) to ``deadline`` (Unix seconds), then
-        apply ``bumps``: one round trip."""
+        apply ``bumps``: one round trip. With bumps (a lock's fence, before the lock is
+        forwarded), a store whose versions other proxies keep in process also waits until
+        they have been told (see ``InvalidationStreams.heard``)."""
 
     async def unmark(self, items: Sequence[tuple[str, str]]) -> int:
         """Remove fence fields; returns how many were there."""

@@ -63,6 +63,8 @@ class InvalidationStreams:
         self._conns: list[resp.RespConnection | None] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._said_down = False
+        # Keys someone waits to hear invalidated (see heard()).
+        self._awaited: dict[str, list[asyncio.Future[None]]] = {}
 
     @property
     def places(self) -> list[Place]:
@@ -171,16 +173,59 @@ class InvalidationStreams:
             # ["message", channel, [key, ...]] or, for a flush, ["message", channel, None]
             if isinstance(message, list) and len(message) == 3 and message[0] == b"message":
                 self.mirror.invalidated(message[2], time.monotonic())
+                if self._awaited:
+                    self._wake(message[2])
 
         def gone() -> None:
             if not lost.done():
                 lost.set_result(None)
+            self._wake(None)
 
         conn.on_push = pushed
         conn.on_lost = gone
         if conn.closed:
             gone()
         return conn
+
+    # -- hearing one's own change -------------------------------------------------------------
+
+    async def heard(self, keys: Sequence[str], timeout: float) -> bool:
+        """Wait (at most ``timeout``) until the streams have delivered the invalidation of
+        every key in ``keys``, which this proxy just changed. Redis writes a change's
+        invalidation to every tracking connection in the same turn of its loop, so once this
+        proxy hears it, every other proxy's copy is on its way to it too: a lock waits for
+        this before it is forwarded (a read inside the lock through another proxy then finds
+        the fence, even with its versions in process). ``False``: not heard in time, or no
+        stream is tracking (then nothing else can be waited for)."""
+        if not self._places or not any(c is not None for c in self._conns):
+            return False
+        loop = asyncio.get_running_loop()
+        waits = []
+        for key in keys:
+            future: asyncio.Future[None] = loop.create_future()
+            self._awaited.setdefault(key, []).append(future)
+            waits.append(future)
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*waits)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            for key, future in zip(keys, waits, strict=True):
+                waiting = self._awaited.get(key)
+                if waiting is not None and future in waiting:
+                    waiting.remove(future)
+                    if not waiting:
+                        del self._awaited[key]
+
+    def _wake(self, keys: Sequence[bytes] | None) -> None:
+        """Wake who waits for ``keys`` (``None``: everyone: a flush, or a lost stream)."""
+        names = list(self._awaited) if keys is None else [k.decode() for k in keys]
+        for name in names:
+            for future in self._awaited.pop(name, ()):
+                if not future.done():
+                    future.set_result(None)
 
     # -- beats -----------------------------------------------------------------------------
 

@@ -93,6 +93,7 @@ class Model:
         request = idl.encode_call(method, self.seqid, **args)
         direct = self.direct.call(request)
         proxied = self.via.call(request)
+
         # Byte for byte, except get_partitions_by_names assembled from partitions cached from
         # other requests: those carry the HMS's bytes from that other request, and the HMS
         # orders a partition's parameter map differently from request to request.

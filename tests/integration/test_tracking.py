@@ -84,7 +84,7 @@ def test_a_write_through_another_proxy_is_seen_within_the_bound(
         acknowledged = time.monotonic()
         direct = raw.call(hms.host, hms.port, read)
         eventually(
-            lambda: raw.call("127.0.0.1", b.port, read) == direct,
+            lambda: raw.call("127.0.0.1", b.port, read) == direct,  # noqa: B023 (used at once)
             MAX_LAG,
             "the other proxy serving the write",
             interval=0.002,
@@ -174,9 +174,11 @@ def test_a_flush_of_redis_is_heard(
     # The versions are gone from Redis: the reply in process must not be served under the
     # versions the proxy remembered.
     eventually(
-        lambda: raw.call("127.0.0.1", proxy.port, read) is not None
-        and proxy.metric("hmsproxy_cache_lookups_total", method="get_table", result="miss")
-        > misses,
+        lambda: (
+            raw.call("127.0.0.1", proxy.port, read) is not None
+            and proxy.metric("hmsproxy_cache_lookups_total", method="get_table", result="miss")
+            > misses
+        ),
         5,
         "a miss after the flush",
     )
