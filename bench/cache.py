@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -103,6 +104,7 @@ def main() -> None:
     hms = start_metastore(DATA)
     redis_server = RedisServer(DATA / "redis") if args.store == "redis" else None
     proxy = None
+    stops: list[Callable[[], None]] = []
     try:
         ensure_wide_table(hms, args.partitions)
         extra = ["--log-level", "warning", "--memory-cache-bytes", "1GiB"]
@@ -147,6 +149,7 @@ def main() -> None:
         pairs = [(r, reply_bytes(direct, r)) for _, requests, _ in cases for r in requests]
         loop = "uvloop" if args.event_loop != "asyncio" and _has_uvloop() else "asyncio"
         floor_server = ReplayFloor(pairs, loop, DATA / "floor")
+        stops.append(floor_server.stop)
         floor = TimedConnection(floor_server.port)
         rows = []
         results = {}
@@ -183,7 +186,7 @@ def main() -> None:
             )
             part_sizes = [r.strlen(k) for k in r.scan_iter(match="*:p:*")]
             memory = [r.memory_usage(k) or 0 for k in r.scan_iter(match="*:p:*")]
-            thrift_bytes = (results["get_partitions_by_names (100)"][2] - 40) / 100
+            thrift_bytes = (results["get_partitions_by_names (100), repeated"][2] - 40) / 100
             stored = statistics.mean(part_sizes)
             print(
                 f"Redis bytes per cached partition: {stored:.0f} stored "
@@ -220,8 +223,9 @@ def main() -> None:
         direct.close()
         cached.close()
         floor.close()
-        floor_server.stop()
     finally:
+        for stop in stops:
+            stop()
         if proxy is not None:
             proxy.stop()
         if redis_server is not None:

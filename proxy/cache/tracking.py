@@ -22,6 +22,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.cache import resp
@@ -41,6 +42,18 @@ Opener = Callable[[Place], Awaitable[resp.RespConnection]]
 Sender = Callable[[Place, list[resp.Command]], Awaitable[list[Any]]]
 
 
+@dataclass(eq=False)
+class _Generation:
+    """The streams of one start: tasks of an earlier one, cancelled, touch only theirs."""
+
+    places: list[Place]
+    beat_tags: list[str]
+    conns: list[resp.RespConnection | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.conns = [None] * len(self.places)
+
+
 class InvalidationStreams:
     def __init__(
         self,
@@ -58,9 +71,7 @@ class InvalidationStreams:
         self.timeout = timeout
         self._token = os.urandom(6).hex()
         self._count = 0
-        self._places: list[Place] = []
-        self._beat_tags: list[str] = []
-        self._conns: list[resp.RespConnection | None] = []
+        self._gen = _Generation([], [])
         self._tasks: set[asyncio.Task[Any]] = set()
         self._said_down = False
         # Keys someone waits to hear invalidated (see heard()).
@@ -68,19 +79,18 @@ class InvalidationStreams:
 
     @property
     def places(self) -> list[Place]:
-        return list(self._places)
+        return list(self._gen.places)
 
     def start(
         self, places: Sequence[Place], beat_tags: Sequence[str], opener: Opener, sender: Sender
     ) -> None:
         """Track ``places`` (the nodes); ``beat_tags[i]``: a hash tag stored on place i."""
         self.stop()
-        self._places, self._beat_tags = list(places), list(beat_tags)
-        self._conns = [None] * len(self._places)
-        self.mirror.reset(len(self._places))
-        for i, place in enumerate(self._places):
-            self._spawn(self._keep_stream(i, place, opener))
-        self._spawn(self._beats(sender))
+        gen = self._gen = _Generation(list(places), list(beat_tags))
+        self.mirror.reset(len(gen.places))
+        for i, place in enumerate(gen.places):
+            self._spawn(self._keep_stream(gen, i, place, opener))
+        self._spawn(self._beats(gen, sender))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = background(work, "the redis invalidation stream")
@@ -91,17 +101,16 @@ class InvalidationStreams:
         for task in list(self._tasks):
             task.cancel()
         self._tasks.clear()
-        for conn in self._conns:
+        for conn in self._gen.conns:
             if conn is not None:
                 conn.close()
-        self._conns = []
-        self._places = []
+        self._gen = _Generation([], [])
         self.mirror.reset(0)
         self._state()
 
     # -- one stream ------------------------------------------------------------------------
 
-    async def _keep_stream(self, i: int, place: Place, opener: Opener) -> None:
+    async def _keep_stream(self, gen: _Generation, i: int, place: Place, opener: Opener) -> None:
         backoff = Backoff(base=0.2, cap=5.0)
         while True:
             lost = asyncio.get_running_loop().create_future()
@@ -119,7 +128,7 @@ class InvalidationStreams:
                     )
                 await asyncio.sleep(backoff.failed())
                 continue
-            self._conns[i] = conn
+            gen.conns[i] = conn
             self.mirror.subscribed(i)
             backoff.succeeded()
             if self._said_down:
@@ -128,7 +137,7 @@ class InvalidationStreams:
             try:
                 await lost
             finally:
-                self._conns[i] = None
+                gen.conns[i] = None
                 conn.close()
             self.mirror.lost(i)
             self.metrics.tracking_resyncs.labels("stream_lost").inc()
@@ -197,7 +206,7 @@ class InvalidationStreams:
         this before it is forwarded (a read inside the lock through another proxy then finds
         the fence, even with its versions in process). ``False``: not heard in time, or no
         stream is tracking (then nothing else can be waited for)."""
-        if not self._places or not any(c is not None for c in self._conns):
+        if not any(c is not None for c in self._gen.conns):
             return False
         loop = asyncio.get_running_loop()
         waits = []
@@ -229,16 +238,16 @@ class InvalidationStreams:
 
     # -- beats -----------------------------------------------------------------------------
 
-    async def _beats(self, sender: Sender) -> None:
+    async def _beats(self, gen: _Generation, sender: Sender) -> None:
         while True:
             await asyncio.sleep(self.beat)
             self._state()
             sends = []
-            for i, place in enumerate(self._places):
-                if self._conns[i] is None:
+            for i, place in enumerate(gen.places):
+                if gen.conns[i] is None:
                     continue
                 self._count += 1
-                key = f"{self.prefix}{{{self._beat_tags[i]}}}:beat:{self._token}:{self._count}"
+                key = f"{self.prefix}{{{gen.beat_tags[i]}}}:beat:{self._token}:{self._count}"
                 self.mirror.expect(key, i, time.monotonic())
                 sends.append(sender(place, [("SET", key, "1", "PX", BEAT_LIFE_MS)]))
             # A beat that fails is simply not seen back: the mirror stops trusting the stream.
