@@ -5,7 +5,9 @@ and test_iceberg.py)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import inspect
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any
 
 import pytest
@@ -16,11 +18,13 @@ from proxy.cache.engine import CacheEngine, Result
 from proxy.cache.keys import DatabaseRef, TableRef
 from proxy.cache.locks import Fence, LockRecord
 from proxy.cache.plan import Bump
-from proxy.cache.store import MemoryStore
+from proxy.cache.store import MemoryStore, Store
+from proxy.handler import SessionState
 from proxy.metrics import Metrics
 from proxy.wire.binary import MessageType, TType, parse_header
 from proxy.wire.fields import field_spans
 from proxy.wire.framing import Message
+from tests.unit.inprocess import rig
 from tests.unit.test_cache_core import NAMING, PLANNER, read_plan, write_plan
 from tests.unit.test_cache_engine import GET_TABLE, TABLE, fill, reply
 
@@ -110,18 +114,60 @@ def test_a_lock_reply_is_read() -> None:
 # -- the engine and the fences, on the embedded store ---------------------------------------
 
 
+# Every call of the store interface (proxy.cache.store.Store): each is one round trip on Redis.
+STORE_CALLS = tuple(
+    name
+    for name, value in vars(Store).items()
+    if not name.startswith("_") and inspect.iscoroutinefunction(value)
+)
+# Set while a recorded call runs (per task): the embedded store's calls of its own methods
+# (its ``get`` is a ``lookup``, its ``put`` a ``save``) are part of that call, not new ones.
+_INSIDE_A_CALL: ContextVar[bool] = ContextVar("inside_a_store_call", default=False)
+
+
 class CountingStore(MemoryStore):
-    """The embedded store, counting round trips (each awaited call would be one on Redis)."""
+    """The embedded store, recording every call made of it through the store interface."""
 
     def __init__(self) -> None:
         super().__init__(1 << 20)
         self.calls: list[str] = []
 
-    async def mark(
-        self, items: Sequence[tuple[str, str]], deadline: float, bumps: Any = ()
-    ) -> None:
-        self.calls.append("mark")
-        await super().mark(items, deadline, bumps)
+
+def _recorded(name: str) -> Callable[..., Awaitable[Any]]:
+    inner = getattr(MemoryStore, name)
+
+    async def call(self: CountingStore, *args: Any, **kwargs: Any) -> Any:
+        if _INSIDE_A_CALL.get():
+            return await inner(self, *args, **kwargs)
+        self.calls.append(name)
+        token = _INSIDE_A_CALL.set(True)
+        try:
+            return await inner(self, *args, **kwargs)
+        finally:
+            _INSIDE_A_CALL.reset(token)
+
+    return call
+
+
+for _name in STORE_CALLS:
+    setattr(CountingStore, _name, _recorded(_name))
+
+
+def test_the_counting_store_records_every_store_call() -> None:
+    """So that the round trips counted below are all of them."""
+    assert {
+        "lookup", "get", "put", "delete", "bump", "fence", "unfence", "mark", "unmark",
+        "marks", "ensure_epochs", "save", "flush",
+    } <= set(STORE_CALLS)  # fmt: skip
+
+    async def run() -> None:
+        store = CountingStore()
+        await store.put("k", b"v", 60)
+        assert await store.get("k") == b"v"
+        await store.mark([(T_KEY, "L:x:table")], 1e12)
+        assert store.calls == ["put", "get", "mark"]  # not the save and lookup inside them
+
+    asyncio.run(run())
 
 
 def engine(seconds: float = 300.0) -> CacheEngine:
@@ -154,9 +200,12 @@ def test_a_lock_fences_reads_of_the_table_object_until_unlock() -> None:
     async def run() -> None:
         e = engine()
         await fill(e, TABLE)
+        store = e.store
+        assert isinstance(store, CountingStore)
+        store.calls.clear()
         ticket = await e.locks.before_lock(lock_body(component()))
         assert ticket is not None
-        assert e.store.calls == ["mark"]  # type: ignore[attr-defined]  # one round trip
+        assert store.calls == ["mark"]  # the fence and the invalidation: one round trip
         assert (await e.lookup(GET_TABLE)).result is Result.BYPASS
         assert (await e.lookup_partitions(PARTITIONS)).result is not Result.BYPASS
         await settle(e, "lock", lock_args(component()), lock_reply("lock", 1, 1), ticket)
@@ -167,6 +216,33 @@ def test_a_lock_fences_reads_of_the_table_object_until_unlock() -> None:
         await fill(e, TABLE)
         assert (await e.lookup(GET_TABLE)).result is Result.HIT
         assert e.metrics.lock_fences_active._value.get() == 0
+
+    asyncio.run(run())
+
+
+def test_a_lock_through_the_request_path_makes_one_store_call_before_it_is_forwarded() -> None:
+    """The claim of one round trip per lock, where it matters: the store calls made between a
+    client's ``lock`` and the metastore's receiving it, through the handler."""
+
+    async def run() -> None:
+        store = CountingStore()
+        async with rig(store=store) as r:
+            r.hms.add_table("db", "t")
+            writer = SessionState("writer")
+            for seqid in (1, 2):  # cached, as a table is before a commit
+                await r.call(writer, "get_table", seqid, dbname="db", tbl_name="t")
+            store.calls.clear()
+            seen_by_the_metastore: list[list[str]] = []
+
+            def grant(conn: Any, args: Any) -> Any:
+                seen_by_the_metastore.append(list(store.calls))
+                return idl.result_class("lock")(success=M.LockResponse(1, locks.ACQUIRED))
+
+            r.hms.answers["lock"] = grant
+            await r.call(writer, "lock", 3, rqst=lock_args(component()).rqst)
+            assert r.cache is not None
+            await asyncio.gather(*r.cache.locks._tasks)
+            assert seen_by_the_metastore == [["mark"]]
 
     asyncio.run(run())
 
