@@ -247,6 +247,67 @@ def test_a_lock_through_the_request_path_makes_one_store_call_before_it_is_forwa
     asyncio.run(run())
 
 
+TABLE_OBJECT = M.Table(tableName="t", dbName="db")
+# Every read whose reply carries the table's object, with the reply the metastore gives it.
+TABLE_OBJECT_READS = {
+    "get_table": (GET_TABLE, TABLE),
+    "get_table_req": (
+        read_plan("get_table_req", req=M.GetTableRequest(dbName="db", tblName="t")),
+        reply(
+            "get_table_req",
+            idl.result_class("get_table_req")(success=M.GetTableResult(table=TABLE_OBJECT)),
+        ),
+    ),
+    "get_table_objects_by_name": (
+        read_plan("get_table_objects_by_name", dbname="db", tbl_names=["t", "u"]),
+        reply(
+            "get_table_objects_by_name",
+            idl.result_class("get_table_objects_by_name")(success=[TABLE_OBJECT]),
+        ),
+    ),
+    "get_table_objects_by_name_req": (
+        read_plan(
+            "get_table_objects_by_name_req",
+            req=M.GetTablesRequest(dbName="db", tblNames=["t", "u"]),
+        ),
+        reply(
+            "get_table_objects_by_name_req",
+            idl.result_class("get_table_objects_by_name_req")(
+                success=M.GetTablesResult(tables=[TABLE_OBJECT])
+            ),
+        ),
+    ),
+}
+
+
+async def fill_read(e: CacheEngine, plan: Any, message: Message) -> None:
+    look = await e.lookup(plan)
+    assert look.result is Result.MISS
+    fp = await e.fill_fingerprint(plan, look)
+    assert fp is not None
+    assert await e.fill(plan, fp, message)
+
+
+@pytest.mark.parametrize("method", sorted(TABLE_OBJECT_READS))
+def test_every_read_of_the_table_object_goes_to_the_metastore_while_a_lock_fences_it(
+    method: str,
+) -> None:
+    plan, message = TABLE_OBJECT_READS[method]
+
+    async def run() -> None:
+        e = engine()
+        await fill_read(e, plan, message)
+        assert (await e.lookup(plan)).result is Result.HIT  # cached before the lock
+        ticket = await e.locks.before_lock(lock_body(component()))
+        assert (await e.lookup(plan)).result is Result.BYPASS
+        await settle(e, "lock", lock_args(component()), lock_reply("lock", 1, 1), ticket)
+        assert (await e.lookup(plan)).result is Result.BYPASS
+        await settle(e, "unlock", unlock_args(1), VOID_UNLOCK)
+        assert (await e.lookup(plan)).result is Result.MISS  # invalidated by the lock
+
+    asyncio.run(run())
+
+
 @pytest.mark.parametrize(
     "answer",
     [
