@@ -308,6 +308,23 @@ def test_every_read_of_the_table_object_goes_to_the_metastore_while_a_lock_fence
     asyncio.run(run())
 
 
+def test_materialized_view_objects_are_never_served_from_the_cache() -> None:
+    """get_all_materialized_view_objects_for_rewriting returns Table objects of every
+    database, which no lock fences (see the catalog): each call goes to the metastore."""
+
+    async def run() -> None:
+        async with rig() as r:
+            method = "get_all_materialized_view_objects_for_rewriting"
+            view = M.Table(tableName="mv", dbName="db", tableType="MATERIALIZED_VIEW")
+            r.hms.answers[method] = lambda conn, args: idl.result_class(method)(success=[view])
+            session = SessionState("reader")
+            replies = [await r.call(session, method, seqid) for seqid in (1, 2, 3)]
+            assert r.hms.calls[method] == 3
+            assert replies[2] == r.hms.answer(method, 3)
+
+    asyncio.run(run())
+
+
 @pytest.mark.parametrize(
     "answer",
     [
