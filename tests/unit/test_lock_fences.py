@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
@@ -384,6 +385,134 @@ def test_an_alter_ends_a_granted_lock_fence_and_not_a_waiting_one() -> None:
         await alter(e)
         assert (await e.lookup(GET_TABLE)).result is Result.MISS  # granted, then altered
         assert e.metrics.lock_fences.labels("closed")._value.get() == 1
+
+    asyncio.run(run())
+
+
+DROP = write_plan("drop_table", dbname="db", name="t", deleteData=False)
+
+
+def test_a_drop_ends_a_granted_lock_fence_and_not_a_waiting_one() -> None:
+    async def run() -> None:
+        e = engine()
+
+        async def drop() -> None:
+            intent = await e.begin_write(DROP)
+            assert await e.end_write(DROP, intent)
+
+        waiting = await e.locks.before_lock(lock_body(component()))
+        await settle(
+            e, "lock", lock_args(component()), lock_reply("lock", 1, locks.WAITING), waiting
+        )
+        await drop()
+        assert (await e.lookup(GET_TABLE)).result is Result.BYPASS  # still waiting: fenced
+        check = idl.args_class("check_lock")(rqst=M.CheckLockRequest(lockid=1))
+        await settle(e, "check_lock", check, lock_reply("check_lock", 1, locks.ACQUIRED))
+        await drop()
+        assert (await e.lookup(GET_TABLE)).result is Result.MISS  # granted, then dropped
+        assert e.metrics.lock_fences.labels("closed")._value.get() == 1
+
+    asyncio.run(run())
+
+
+def test_an_unlock_refused_because_its_transaction_is_open_keeps_the_fence() -> None:
+    """TxnOpenException: the lock belongs to a transaction and is still held (it ends with
+    the transaction). NoSuchLockException, by contrast, says there is no lock to keep."""
+
+    async def run() -> None:
+        e = engine()
+        args = lock_args(component(), txnid=9)
+        ticket = await e.locks.before_lock(bytes(idl.encode(args)))
+        await settle(e, "lock", args, lock_reply("lock", 1, locks.ACQUIRED), ticket)
+        result = idl.result_class("unlock")
+        still_open = reply("unlock", result(o2=M.TxnOpenException("lock 1 is in txn 9")))
+        await settle(e, "unlock", unlock_args(1), still_open)
+        assert (await e.lookup(GET_TABLE)).result is Result.BYPASS
+        gone = reply("unlock", result(o1=M.NoSuchLockException("no lock 1")))
+        await settle(e, "unlock", unlock_args(1), gone)
+        assert (await e.lookup(GET_TABLE)).result is Result.MISS
+
+    asyncio.run(run())
+
+
+# Short fences for the tests of their extension: long enough that the timing of a loaded
+# machine does not decide the outcome, short enough that waiting past one costs little.
+SHORT_FENCE = 0.6
+BEFORE_IT_ENDS = 0.3
+
+
+async def lock_deadline(e: CacheEngine, key: str = T_KEY) -> float:
+    """When the lock fence on the version hash ``key`` ends, as the store holds it."""
+    fields = (await e.store.marks([key]))[key]
+    (deadline,) = {d for name, d in fields.items() if name.startswith(locks.LOCK_PREFIX)}
+    return deadline
+
+
+async def past(deadline: float) -> None:
+    await asyncio.sleep(max(0.0, deadline - time.time()) + 0.05)
+
+
+async def granted_lock(e: CacheEngine, lockid: int, table: str, txnid: int | None = None) -> None:
+    args = lock_args(component(table=table), txnid=txnid)
+    ticket = await e.locks.before_lock(bytes(idl.encode(args)))
+    await settle(e, "lock", args, lock_reply("lock", lockid, locks.ACQUIRED), ticket)
+
+
+KEEP_ALIVE = {
+    "check_lock": (
+        idl.args_class("check_lock")(rqst=M.CheckLockRequest(lockid=1)),
+        lock_reply("check_lock", 1, locks.ACQUIRED),
+    ),
+    "heartbeat": (
+        idl.args_class("heartbeat")(ids=M.HeartbeatRequest(lockid=1)),
+        reply("heartbeat", idl.result_class("heartbeat")()),
+    ),
+}
+
+
+@pytest.mark.parametrize("method", sorted(KEEP_ALIVE))
+def test_check_lock_or_heartbeat_keeps_a_fence_past_its_first_deadline(method: str) -> None:
+    request, answer = KEEP_ALIVE[method]
+
+    async def run() -> None:
+        e = engine(seconds=SHORT_FENCE)
+        await granted_lock(e, 1, "t")
+        first = await lock_deadline(e)
+        await asyncio.sleep(BEFORE_IT_ENDS)
+        await settle(e, method, request, answer)
+        extended = await lock_deadline(e)
+        assert extended >= first + BEFORE_IT_ENDS
+        await past(first)
+        assert time.time() < extended, "the test itself ran too slowly to tell"
+        assert (await e.lookup(GET_TABLE)).result is Result.BYPASS
+        await past(extended)
+        assert (await e.lookup(GET_TABLE)).result is Result.MISS  # extended, not endless
+
+    asyncio.run(run())
+
+
+def test_a_transaction_heartbeat_keeps_every_lock_of_the_transaction() -> None:
+    u_key = NAMING.versions(TableRef.of("db", "u").tag)
+    v_key = NAMING.versions(TableRef.of("db", "v").tag)
+
+    async def run() -> None:
+        e = engine(seconds=SHORT_FENCE)
+        await granted_lock(e, 1, "t", txnid=9)
+        await granted_lock(e, 2, "u", txnid=9)
+        await granted_lock(e, 3, "v", txnid=10)  # another transaction's
+        first = {key: await lock_deadline(e, key) for key in (T_KEY, u_key, v_key)}
+        await asyncio.sleep(BEFORE_IT_ENDS)
+        beat = idl.args_class("heartbeat")(ids=M.HeartbeatRequest(txnid=9))
+        await settle(e, "heartbeat", beat, reply("heartbeat", idl.result_class("heartbeat")()))
+        for key in (T_KEY, u_key):
+            assert await lock_deadline(e, key) >= first[key] + BEFORE_IT_ENDS
+        assert await lock_deadline(e, v_key) == first[v_key]
+        await past(max(first.values()))
+        assert (await e.lookup(GET_TABLE)).result is Result.BYPASS
+        get_u = read_plan("get_table", dbname="db", tbl_name="u")
+        assert (await e.lookup(get_u)).result is Result.BYPASS
+        get_v = read_plan("get_table", dbname="db", tbl_name="v")
+        assert (await e.lookup(get_v)).result is Result.MISS
 
     asyncio.run(run())
 
