@@ -99,19 +99,21 @@ def test_a_read_inside_a_lock_is_the_metastores_answer(
     eventually(lambda: sum(p.metric("hmsproxy_lock_fences_active") for p in proxies) == 0)
 
 
+@pytest.mark.parametrize("store", ["embedded", "redis"])
 def test_without_the_fence_the_read_inside_a_lock_is_stale(
-    lock_hms: MetastoreServer, lock_proxy_factory: ProxyFactory
+    store: str, lock_hms: MetastoreServer, lock_proxy_factory: ProxyFactory, own_redis: RedisServer
 ) -> None:
-    """The sibling of the test above: with fences off the same sequence reads the cache, so
-    that test can fail."""
-    proxy = lock_proxy_factory(*OFF, "--lock-fence-seconds", "0")
-    hms, p = Endpoint(lock_hms.host, lock_hms.port), at(proxy)
+    """The sibling of the test above: with fences off the same sequence (on Redis, the lock
+    through proxy A and the read through B) reads the cache, so that test can fail."""
+    redis = own_redis if store == "redis" else None
+    a, b = two_proxies(lock_proxy_factory, redis, "--lock-fence-seconds", "0")
+    hms, pa, pb = Endpoint(lock_hms.host, lock_hms.port), at(a), at(b)
     db, table = fresh_table(lock_hms)
-    stale_cache(hms, p, db, table, "1")
-    lock = p.lock(db, table)
+    stale_cache(hms, pa, db, table, "1")
+    lock = pa.lock(db, table)
     assert lock.state == ACQUIRED
-    assert p.table(db, table).parameters["round"] == "0"  # stale: a commit would be lost
-    p.unlock(lock.lockid)
+    assert pb.table(db, table).parameters["round"] == "0"  # stale: a commit would be lost
+    pa.unlock(lock.lockid)
 
 
 def test_a_waiting_lock_stays_fenced_until_granted(
