@@ -9,8 +9,6 @@ the two-proxy cases through different proxies, as Java Iceberg's and Trino's poo
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
 import signal
 import time
@@ -176,36 +174,12 @@ def test_partition_and_database_components(
     p.unlock(lock.lockid)
 
 
-class RecordingRelay(FaultyRelay):
-    """A relay that keeps every byte the metastore sent."""
-
-    def __init__(self, host: str, port: int) -> None:
-        super().__init__(host, port)
-        self.downstream = bytearray()
-
-    async def _pump(
-        self,
-        cid: int,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        *,
-        upward: bool,
-    ) -> None:
-        if upward:
-            return await super()._pump(cid, reader, writer, upward=True)
-        with contextlib.suppress(ConnectionError, OSError):
-            while data := await reader.read(65536):
-                self.downstream += data
-                writer.write(data)
-                await writer.drain()
-
-
 def test_lock_and_transaction_calls_pass_through_untouched_and_never_flush(
     lock_hms: MetastoreServer,
     lock_proxy_factory: ProxyFactory,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    relay = RecordingRelay(lock_hms.host, lock_hms.port).start()
+    relay = FaultyRelay(lock_hms.host, lock_hms.port, record=True).start()
     try:
         proxy = ProxyProcess(
             tmp_path_factory.mktemp("relayed"), f"thrift://127.0.0.1:{relay.port}", *OFF
@@ -219,7 +193,7 @@ def test_lock_and_transaction_calls_pass_through_untouched_and_never_flush(
         relay.stop()
 
 
-def _pass_through(lock_hms: MetastoreServer, proxy: ProxyProcess, relay: RecordingRelay) -> None:
+def _pass_through(lock_hms: MetastoreServer, proxy: ProxyProcess, relay: FaultyRelay) -> None:
     from proxy import idl
 
     m = idl.module()
@@ -230,11 +204,11 @@ def _pass_through(lock_hms: MetastoreServer, proxy: ProxyProcess, relay: Recordi
     for _ in range(2):
         p.raw("get_partitions", **listing)
     catalog_before = proxy.metric("hmsproxy_invalidations_total", scope="catalog", reason="write")
-    replies: list[bytes] = []
+    sent: list[tuple[bytes, bytes]] = []  # (request, reply) as the client sent and got them
 
     def call(method: str, **args: object) -> Any:
         reply = p.raw(method, **args)
-        replies.append(reply)
+        sent.append((idl.encode_call(method, 7, **args), reply))
         return decode(method, reply)
 
     txn = call("open_txns", rqst=m.OpenTxnRequest(num_txns=1, user="rig", hostname="h")).success
@@ -252,8 +226,10 @@ def _pass_through(lock_hms: MetastoreServer, proxy: ProxyProcess, relay: Recordi
     aborted = call("open_txns", rqst=m.OpenTxnRequest(num_txns=1, user="rig", hostname="h"))
     call("abort_txn", rqst=m.AbortTxnRequest(txnid=aborted.success.txn_ids[0]))
 
-    for reply in replies:  # every reply is the metastore's bytes (the seqid is ours: 7)
-        assert reply in relay.downstream
+    # Both ways, the bytes the metastore got and sent are the client's (the seqid too: 7).
+    for request, reply in sent:
+        assert relay.carried(request, upward=True), request[:40]
+        assert relay.carried(reply, upward=False), reply[:40]
     before = hits([proxy], "get_partitions")
     p.raw("get_partitions", **listing)
     assert hits([proxy], "get_partitions") == before + 1  # another table: still cached
