@@ -21,7 +21,7 @@ from proxy.cache.keys import Naming
 from proxy.cache.plan import Planner, Ttls
 from proxy.cache.redis_store import RedisStore
 from proxy.cache.store import MemoryStore, Store
-from proxy.config import Options
+from proxy.config import Options, option_warnings
 from proxy.follower import NotificationFollower
 from proxy.handler import CallHandler
 from proxy.http import MetricsServer
@@ -66,6 +66,8 @@ class Proxy:
 
     @classmethod
     def build(cls, options: Options, metrics: Metrics | None = None) -> Proxy:
+        for warning in option_warnings(options):  # once: build runs at start-up only
+            log.warning("configuration: %s", warning)
         metrics = metrics or Metrics()
         activity = Activity(
             show_names=options.status_show_names == "on", secret=status_secret(options)

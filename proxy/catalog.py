@@ -252,7 +252,10 @@ cached("get_table_names_by_filter", D, "dbname")
 cached("get_tables_ext", D, "req.database")
 cached("get_materialized_views_for_rewriting", D, "db_name")
 cached("get_table_meta", C | D | TB, wide=True)
-cached("get_all_materialized_view_objects_for_rewriting", C | D | TB, wide=True)
+# Table objects of every database, keyed on nothing narrower than the catalog-wide version: a
+# lock on one of those tables (proxy.cache.locks) could not fence it, and a cached copy would
+# answer a read inside the lock. When in doubt, miss: never cached.
+uncached("get_all_materialized_view_objects_for_rewriting")
 cached("get_table", TB, "dbname", "tbl_name", negative=True)
 cached("get_table_req", TB, "req.dbName", "req.tblName", negative=True)
 cached("get_table_objects_by_name", TB, "dbname", tables="tbl_names")

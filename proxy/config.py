@@ -220,6 +220,25 @@ def kerberos_problems(options: Options) -> list[str]:
     return problems
 
 
+# The default of the metastore's hive.txn.timeout: a lock not heartbeated for this long is
+# aborted by the HMS, so it may be held this long after the proxy last saw it.
+HIVE_TXN_TIMEOUT_DEFAULT = 300.0
+
+
+def option_warnings(options: Options) -> list[str]:
+    """Settings that are allowed but may not do what was meant, said once at start-up."""
+    warnings = []
+    fence = options.lock_fence_seconds
+    if options.cache == "on" and 0 < fence < HIVE_TXN_TIMEOUT_DEFAULT:
+        warnings.append(
+            f"lock_fence_seconds {fence:g} is below the metastore's hive.txn.timeout default "
+            f"({HIVE_TXN_TIMEOUT_DEFAULT:g} s): a fence whose unlock does not come may end "
+            "before the HMS's lock does, and a read inside that lock may then be served "
+            "from the cache"
+        )
+    return warnings
+
+
 def _have_gssapi() -> bool:
     import importlib.util
 

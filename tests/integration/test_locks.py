@@ -9,8 +9,6 @@ the two-proxy cases through different proxies, as Java Iceberg's and Trino's poo
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import itertools
 import signal
 import time
@@ -99,19 +97,21 @@ def test_a_read_inside_a_lock_is_the_metastores_answer(
     eventually(lambda: sum(p.metric("hmsproxy_lock_fences_active") for p in proxies) == 0)
 
 
+@pytest.mark.parametrize("store", ["embedded", "redis"])
 def test_without_the_fence_the_read_inside_a_lock_is_stale(
-    lock_hms: MetastoreServer, lock_proxy_factory: ProxyFactory
+    store: str, lock_hms: MetastoreServer, lock_proxy_factory: ProxyFactory, own_redis: RedisServer
 ) -> None:
-    """The sibling of the test above: with fences off the same sequence reads the cache, so
-    that test can fail."""
-    proxy = lock_proxy_factory(*OFF, "--lock-fence-seconds", "0")
-    hms, p = Endpoint(lock_hms.host, lock_hms.port), at(proxy)
+    """The sibling of the test above: with fences off the same sequence (on Redis, the lock
+    through proxy A and the read through B) reads the cache, so that test can fail."""
+    redis = own_redis if store == "redis" else None
+    a, b = two_proxies(lock_proxy_factory, redis, "--lock-fence-seconds", "0")
+    hms, pa, pb = Endpoint(lock_hms.host, lock_hms.port), at(a), at(b)
     db, table = fresh_table(lock_hms)
-    stale_cache(hms, p, db, table, "1")
-    lock = p.lock(db, table)
+    stale_cache(hms, pa, db, table, "1")
+    lock = pa.lock(db, table)
     assert lock.state == ACQUIRED
-    assert p.table(db, table).parameters["round"] == "0"  # stale: a commit would be lost
-    p.unlock(lock.lockid)
+    assert pb.table(db, table).parameters["round"] == "0"  # stale: a commit would be lost
+    pa.unlock(lock.lockid)
 
 
 def test_a_waiting_lock_stays_fenced_until_granted(
@@ -174,36 +174,12 @@ def test_partition_and_database_components(
     p.unlock(lock.lockid)
 
 
-class RecordingRelay(FaultyRelay):
-    """A relay that keeps every byte the metastore sent."""
-
-    def __init__(self, host: str, port: int) -> None:
-        super().__init__(host, port)
-        self.downstream = bytearray()
-
-    async def _pump(
-        self,
-        cid: int,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        *,
-        upward: bool,
-    ) -> None:
-        if upward:
-            return await super()._pump(cid, reader, writer, upward=True)
-        with contextlib.suppress(ConnectionError, OSError):
-            while data := await reader.read(65536):
-                self.downstream += data
-                writer.write(data)
-                await writer.drain()
-
-
 def test_lock_and_transaction_calls_pass_through_untouched_and_never_flush(
     lock_hms: MetastoreServer,
     lock_proxy_factory: ProxyFactory,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    relay = RecordingRelay(lock_hms.host, lock_hms.port).start()
+    relay = FaultyRelay(lock_hms.host, lock_hms.port, record=True).start()
     try:
         proxy = ProxyProcess(
             tmp_path_factory.mktemp("relayed"), f"thrift://127.0.0.1:{relay.port}", *OFF
@@ -217,7 +193,7 @@ def test_lock_and_transaction_calls_pass_through_untouched_and_never_flush(
         relay.stop()
 
 
-def _pass_through(lock_hms: MetastoreServer, proxy: ProxyProcess, relay: RecordingRelay) -> None:
+def _pass_through(lock_hms: MetastoreServer, proxy: ProxyProcess, relay: FaultyRelay) -> None:
     from proxy import idl
 
     m = idl.module()
@@ -228,11 +204,11 @@ def _pass_through(lock_hms: MetastoreServer, proxy: ProxyProcess, relay: Recordi
     for _ in range(2):
         p.raw("get_partitions", **listing)
     catalog_before = proxy.metric("hmsproxy_invalidations_total", scope="catalog", reason="write")
-    replies: list[bytes] = []
+    sent: list[tuple[bytes, bytes]] = []  # (request, reply) as the client sent and got them
 
     def call(method: str, **args: object) -> Any:
         reply = p.raw(method, **args)
-        replies.append(reply)
+        sent.append((idl.encode_call(method, 7, **args), reply))
         return decode(method, reply)
 
     txn = call("open_txns", rqst=m.OpenTxnRequest(num_txns=1, user="rig", hostname="h")).success
@@ -250,8 +226,10 @@ def _pass_through(lock_hms: MetastoreServer, proxy: ProxyProcess, relay: Recordi
     aborted = call("open_txns", rqst=m.OpenTxnRequest(num_txns=1, user="rig", hostname="h"))
     call("abort_txn", rqst=m.AbortTxnRequest(txnid=aborted.success.txn_ids[0]))
 
-    for reply in replies:  # every reply is the metastore's bytes (the seqid is ours: 7)
-        assert reply in relay.downstream
+    # Both ways, the bytes the metastore got and sent are the client's (the seqid too: 7).
+    for request, reply in sent:
+        assert relay.carried(request, upward=True), request[:40]
+        assert relay.carried(reply, upward=False), reply[:40]
     before = hits([proxy], "get_partitions")
     p.raw("get_partitions", **listing)
     assert hits([proxy], "get_partitions") == before + 1  # another table: still cached

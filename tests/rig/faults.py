@@ -4,7 +4,8 @@ It reproduces what the network and a metastore do to long-lived connections: a c
 load balancer or the HMS dropped while idle (the proxy only learns when it next uses it), a
 metastore (or store) that answers only when the test lets it, and one that accepts calls and
 never answers. Held answers tell a test that a call is in flight, and let it do something
-meanwhile, however long that takes.
+meanwhile, however long that takes. With ``record=True`` it keeps what passed each way, per
+connection, so that a test can tell a message went through byte for byte.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ from tests.rig.ports import free_port
 
 
 class FaultyRelay:
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, *, record: bool = False) -> None:
         self.target = (target_host, target_port)
+        self.record = record
+        # What was relayed, by (connection id, toward the target): kept per connection, so
+        # that chunks of connections in use at once do not interleave.
+        self._relayed: dict[tuple[int, bool], bytearray] = {}
         self.port = free_port()
         self.blackhole = False
         self.connections = 0
@@ -70,6 +75,11 @@ class FaultyRelay:
 
         asyncio.run_coroutine_threadsafe(run(), self._loop).result(10)
 
+    def carried(self, message: bytes, *, upward: bool) -> bool:
+        """Whether ``message`` passed whole over one connection (toward the target if
+        ``upward``; needs ``record``)."""
+        return any(message in data for (_, up), data in self._relayed.items() if up == upward)
+
     def drop_idle_connections_silently(self) -> int:
         """Every open connection fails on its next request, before any reply byte (stale)."""
         self._doomed.update(self._live)
@@ -112,6 +122,8 @@ class FaultyRelay:
                         await self._open.wait()
                     finally:
                         self.held -= 1
+                if self.record:
+                    self._relayed.setdefault((cid, upward), bytearray()).extend(data)
                 writer.write(data)
                 await writer.drain()
         for w in self._live.get(cid, ()):

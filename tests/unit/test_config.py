@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,30 @@ def test_a_command_piped_into_a_reader_that_stops_ends_quietly() -> None:
     proc.stderr.close()
     assert proc.wait(60) == 141, err
     assert b"Traceback" not in err and b"BrokenPipe" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("values", "warned"),
+    [
+        ({"lock_fence_seconds": "60"}, True),
+        ({"lock_fence_seconds": "299"}, True),
+        ({"lock_fence_seconds": "300"}, False),  # the default
+        ({"lock_fence_seconds": "0"}, False),  # no fences: its help says unsafe
+        ({"lock_fence_seconds": "60", "cache": "off"}, False),  # no cache, nothing to fence
+    ],
+)
+def test_a_lock_fence_shorter_than_hive_txn_timeout_is_warned_about_once_at_start_up(
+    values: dict[str, str], warned: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    from proxy.app import Proxy
+
+    with caplog.at_level(logging.WARNING, logger="proxy"):
+        Proxy.build(load({**UP, **values}, {}))
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "lock_fence_seconds" in r.getMessage()
+    ]
+    assert len(lines) == (1 if warned else 0), lines
+    if warned:
+        assert "hive.txn.timeout" in lines[0] and "may end before" in lines[0]

@@ -5,7 +5,10 @@ and test_iceberg.py)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any
 
 import pytest
@@ -16,11 +19,13 @@ from proxy.cache.engine import CacheEngine, Result
 from proxy.cache.keys import DatabaseRef, TableRef
 from proxy.cache.locks import Fence, LockRecord
 from proxy.cache.plan import Bump
-from proxy.cache.store import MemoryStore
+from proxy.cache.store import MemoryStore, Store
+from proxy.handler import SessionState
 from proxy.metrics import Metrics
 from proxy.wire.binary import MessageType, TType, parse_header
 from proxy.wire.fields import field_spans
 from proxy.wire.framing import Message
+from tests.unit.inprocess import rig
 from tests.unit.test_cache_core import NAMING, PLANNER, read_plan, write_plan
 from tests.unit.test_cache_engine import GET_TABLE, TABLE, fill, reply
 
@@ -110,18 +115,60 @@ def test_a_lock_reply_is_read() -> None:
 # -- the engine and the fences, on the embedded store ---------------------------------------
 
 
+# Every call of the store interface (proxy.cache.store.Store): each is one round trip on Redis.
+STORE_CALLS = tuple(
+    name
+    for name, value in vars(Store).items()
+    if not name.startswith("_") and inspect.iscoroutinefunction(value)
+)
+# Set while a recorded call runs (per task): the embedded store's calls of its own methods
+# (its ``get`` is a ``lookup``, its ``put`` a ``save``) are part of that call, not new ones.
+_INSIDE_A_CALL: ContextVar[bool] = ContextVar("inside_a_store_call", default=False)
+
+
 class CountingStore(MemoryStore):
-    """The embedded store, counting round trips (each awaited call would be one on Redis)."""
+    """The embedded store, recording every call made of it through the store interface."""
 
     def __init__(self) -> None:
         super().__init__(1 << 20)
         self.calls: list[str] = []
 
-    async def mark(
-        self, items: Sequence[tuple[str, str]], deadline: float, bumps: Any = ()
-    ) -> None:
-        self.calls.append("mark")
-        await super().mark(items, deadline, bumps)
+
+def _recorded(name: str) -> Callable[..., Awaitable[Any]]:
+    inner = getattr(MemoryStore, name)
+
+    async def call(self: CountingStore, *args: Any, **kwargs: Any) -> Any:
+        if _INSIDE_A_CALL.get():
+            return await inner(self, *args, **kwargs)
+        self.calls.append(name)
+        token = _INSIDE_A_CALL.set(True)
+        try:
+            return await inner(self, *args, **kwargs)
+        finally:
+            _INSIDE_A_CALL.reset(token)
+
+    return call
+
+
+for _name in STORE_CALLS:
+    setattr(CountingStore, _name, _recorded(_name))
+
+
+def test_the_counting_store_records_every_store_call() -> None:
+    """So that the round trips counted below are all of them."""
+    assert {
+        "lookup", "get", "put", "delete", "bump", "fence", "unfence", "mark", "unmark",
+        "marks", "ensure_epochs", "save", "flush",
+    } <= set(STORE_CALLS)  # fmt: skip
+
+    async def run() -> None:
+        store = CountingStore()
+        await store.put("k", b"v", 60)
+        assert await store.get("k") == b"v"
+        await store.mark([(T_KEY, "L:x:table")], 1e12)
+        assert store.calls == ["put", "get", "mark"]  # not the save and lookup inside them
+
+    asyncio.run(run())
 
 
 def engine(seconds: float = 300.0) -> CacheEngine:
@@ -154,9 +201,12 @@ def test_a_lock_fences_reads_of_the_table_object_until_unlock() -> None:
     async def run() -> None:
         e = engine()
         await fill(e, TABLE)
+        store = e.store
+        assert isinstance(store, CountingStore)
+        store.calls.clear()
         ticket = await e.locks.before_lock(lock_body(component()))
         assert ticket is not None
-        assert e.store.calls == ["mark"]  # type: ignore[attr-defined]  # one round trip
+        assert store.calls == ["mark"]  # the fence and the invalidation: one round trip
         assert (await e.lookup(GET_TABLE)).result is Result.BYPASS
         assert (await e.lookup_partitions(PARTITIONS)).result is not Result.BYPASS
         await settle(e, "lock", lock_args(component()), lock_reply("lock", 1, 1), ticket)
@@ -167,6 +217,111 @@ def test_a_lock_fences_reads_of_the_table_object_until_unlock() -> None:
         await fill(e, TABLE)
         assert (await e.lookup(GET_TABLE)).result is Result.HIT
         assert e.metrics.lock_fences_active._value.get() == 0
+
+    asyncio.run(run())
+
+
+def test_a_lock_through_the_request_path_makes_one_store_call_before_it_is_forwarded() -> None:
+    """The claim of one round trip per lock, where it matters: the store calls made between a
+    client's ``lock`` and the metastore's receiving it, through the handler."""
+
+    async def run() -> None:
+        store = CountingStore()
+        async with rig(store=store) as r:
+            r.hms.add_table("db", "t")
+            writer = SessionState("writer")
+            for seqid in (1, 2):  # cached, as a table is before a commit
+                await r.call(writer, "get_table", seqid, dbname="db", tbl_name="t")
+            store.calls.clear()
+            seen_by_the_metastore: list[list[str]] = []
+
+            def grant(conn: Any, args: Any) -> Any:
+                seen_by_the_metastore.append(list(store.calls))
+                return idl.result_class("lock")(success=M.LockResponse(1, locks.ACQUIRED))
+
+            r.hms.answers["lock"] = grant
+            await r.call(writer, "lock", 3, rqst=lock_args(component()).rqst)
+            assert r.cache is not None
+            await asyncio.gather(*r.cache.locks._tasks)
+            assert seen_by_the_metastore == [["mark"]]
+
+    asyncio.run(run())
+
+
+TABLE_OBJECT = M.Table(tableName="t", dbName="db")
+# Every read whose reply carries the table's object, with the reply the metastore gives it.
+TABLE_OBJECT_READS = {
+    "get_table": (GET_TABLE, TABLE),
+    "get_table_req": (
+        read_plan("get_table_req", req=M.GetTableRequest(dbName="db", tblName="t")),
+        reply(
+            "get_table_req",
+            idl.result_class("get_table_req")(success=M.GetTableResult(table=TABLE_OBJECT)),
+        ),
+    ),
+    "get_table_objects_by_name": (
+        read_plan("get_table_objects_by_name", dbname="db", tbl_names=["t", "u"]),
+        reply(
+            "get_table_objects_by_name",
+            idl.result_class("get_table_objects_by_name")(success=[TABLE_OBJECT]),
+        ),
+    ),
+    "get_table_objects_by_name_req": (
+        read_plan(
+            "get_table_objects_by_name_req",
+            req=M.GetTablesRequest(dbName="db", tblNames=["t", "u"]),
+        ),
+        reply(
+            "get_table_objects_by_name_req",
+            idl.result_class("get_table_objects_by_name_req")(
+                success=M.GetTablesResult(tables=[TABLE_OBJECT])
+            ),
+        ),
+    ),
+}
+
+
+async def fill_read(e: CacheEngine, plan: Any, message: Message) -> None:
+    look = await e.lookup(plan)
+    assert look.result is Result.MISS
+    fp = await e.fill_fingerprint(plan, look)
+    assert fp is not None
+    assert await e.fill(plan, fp, message)
+
+
+@pytest.mark.parametrize("method", sorted(TABLE_OBJECT_READS))
+def test_every_read_of_the_table_object_goes_to_the_metastore_while_a_lock_fences_it(
+    method: str,
+) -> None:
+    plan, message = TABLE_OBJECT_READS[method]
+
+    async def run() -> None:
+        e = engine()
+        await fill_read(e, plan, message)
+        assert (await e.lookup(plan)).result is Result.HIT  # cached before the lock
+        ticket = await e.locks.before_lock(lock_body(component()))
+        assert (await e.lookup(plan)).result is Result.BYPASS
+        await settle(e, "lock", lock_args(component()), lock_reply("lock", 1, 1), ticket)
+        assert (await e.lookup(plan)).result is Result.BYPASS
+        await settle(e, "unlock", unlock_args(1), VOID_UNLOCK)
+        assert (await e.lookup(plan)).result is Result.MISS  # invalidated by the lock
+
+    asyncio.run(run())
+
+
+def test_materialized_view_objects_are_never_served_from_the_cache() -> None:
+    """get_all_materialized_view_objects_for_rewriting returns Table objects of every
+    database, which no lock fences (see the catalog): each call goes to the metastore."""
+
+    async def run() -> None:
+        async with rig() as r:
+            method = "get_all_materialized_view_objects_for_rewriting"
+            view = M.Table(tableName="mv", dbName="db", tableType="MATERIALIZED_VIEW")
+            r.hms.answers[method] = lambda conn, args: idl.result_class(method)(success=[view])
+            session = SessionState("reader")
+            replies = [await r.call(session, method, seqid) for seqid in (1, 2, 3)]
+            assert r.hms.calls[method] == 3
+            assert replies[2] == r.hms.answer(method, 3)
 
     asyncio.run(run())
 
@@ -230,6 +385,134 @@ def test_an_alter_ends_a_granted_lock_fence_and_not_a_waiting_one() -> None:
         await alter(e)
         assert (await e.lookup(GET_TABLE)).result is Result.MISS  # granted, then altered
         assert e.metrics.lock_fences.labels("closed")._value.get() == 1
+
+    asyncio.run(run())
+
+
+DROP = write_plan("drop_table", dbname="db", name="t", deleteData=False)
+
+
+def test_a_drop_ends_a_granted_lock_fence_and_not_a_waiting_one() -> None:
+    async def run() -> None:
+        e = engine()
+
+        async def drop() -> None:
+            intent = await e.begin_write(DROP)
+            assert await e.end_write(DROP, intent)
+
+        waiting = await e.locks.before_lock(lock_body(component()))
+        await settle(
+            e, "lock", lock_args(component()), lock_reply("lock", 1, locks.WAITING), waiting
+        )
+        await drop()
+        assert (await e.lookup(GET_TABLE)).result is Result.BYPASS  # still waiting: fenced
+        check = idl.args_class("check_lock")(rqst=M.CheckLockRequest(lockid=1))
+        await settle(e, "check_lock", check, lock_reply("check_lock", 1, locks.ACQUIRED))
+        await drop()
+        assert (await e.lookup(GET_TABLE)).result is Result.MISS  # granted, then dropped
+        assert e.metrics.lock_fences.labels("closed")._value.get() == 1
+
+    asyncio.run(run())
+
+
+def test_an_unlock_refused_because_its_transaction_is_open_keeps_the_fence() -> None:
+    """TxnOpenException: the lock belongs to a transaction and is still held (it ends with
+    the transaction). NoSuchLockException, by contrast, says there is no lock to keep."""
+
+    async def run() -> None:
+        e = engine()
+        args = lock_args(component(), txnid=9)
+        ticket = await e.locks.before_lock(bytes(idl.encode(args)))
+        await settle(e, "lock", args, lock_reply("lock", 1, locks.ACQUIRED), ticket)
+        result = idl.result_class("unlock")
+        still_open = reply("unlock", result(o2=M.TxnOpenException("lock 1 is in txn 9")))
+        await settle(e, "unlock", unlock_args(1), still_open)
+        assert (await e.lookup(GET_TABLE)).result is Result.BYPASS
+        gone = reply("unlock", result(o1=M.NoSuchLockException("no lock 1")))
+        await settle(e, "unlock", unlock_args(1), gone)
+        assert (await e.lookup(GET_TABLE)).result is Result.MISS
+
+    asyncio.run(run())
+
+
+# Short fences for the tests of their extension: long enough that the timing of a loaded
+# machine does not decide the outcome, short enough that waiting past one costs little.
+SHORT_FENCE = 0.6
+BEFORE_IT_ENDS = 0.3
+
+
+async def lock_deadline(e: CacheEngine, key: str = T_KEY) -> float:
+    """When the lock fence on the version hash ``key`` ends, as the store holds it."""
+    fields = (await e.store.marks([key]))[key]
+    (deadline,) = {d for name, d in fields.items() if name.startswith(locks.LOCK_PREFIX)}
+    return deadline
+
+
+async def past(deadline: float) -> None:
+    await asyncio.sleep(max(0.0, deadline - time.time()) + 0.05)
+
+
+async def granted_lock(e: CacheEngine, lockid: int, table: str, txnid: int | None = None) -> None:
+    args = lock_args(component(table=table), txnid=txnid)
+    ticket = await e.locks.before_lock(bytes(idl.encode(args)))
+    await settle(e, "lock", args, lock_reply("lock", lockid, locks.ACQUIRED), ticket)
+
+
+KEEP_ALIVE = {
+    "check_lock": (
+        idl.args_class("check_lock")(rqst=M.CheckLockRequest(lockid=1)),
+        lock_reply("check_lock", 1, locks.ACQUIRED),
+    ),
+    "heartbeat": (
+        idl.args_class("heartbeat")(ids=M.HeartbeatRequest(lockid=1)),
+        reply("heartbeat", idl.result_class("heartbeat")()),
+    ),
+}
+
+
+@pytest.mark.parametrize("method", sorted(KEEP_ALIVE))
+def test_check_lock_or_heartbeat_keeps_a_fence_past_its_first_deadline(method: str) -> None:
+    request, answer = KEEP_ALIVE[method]
+
+    async def run() -> None:
+        e = engine(seconds=SHORT_FENCE)
+        await granted_lock(e, 1, "t")
+        first = await lock_deadline(e)
+        await asyncio.sleep(BEFORE_IT_ENDS)
+        await settle(e, method, request, answer)
+        extended = await lock_deadline(e)
+        assert extended >= first + BEFORE_IT_ENDS
+        await past(first)
+        assert time.time() < extended, "the test itself ran too slowly to tell"
+        assert (await e.lookup(GET_TABLE)).result is Result.BYPASS
+        await past(extended)
+        assert (await e.lookup(GET_TABLE)).result is Result.MISS  # extended, not endless
+
+    asyncio.run(run())
+
+
+def test_a_transaction_heartbeat_keeps_every_lock_of_the_transaction() -> None:
+    u_key = NAMING.versions(TableRef.of("db", "u").tag)
+    v_key = NAMING.versions(TableRef.of("db", "v").tag)
+
+    async def run() -> None:
+        e = engine(seconds=SHORT_FENCE)
+        await granted_lock(e, 1, "t", txnid=9)
+        await granted_lock(e, 2, "u", txnid=9)
+        await granted_lock(e, 3, "v", txnid=10)  # another transaction's
+        first = {key: await lock_deadline(e, key) for key in (T_KEY, u_key, v_key)}
+        await asyncio.sleep(BEFORE_IT_ENDS)
+        beat = idl.args_class("heartbeat")(ids=M.HeartbeatRequest(txnid=9))
+        await settle(e, "heartbeat", beat, reply("heartbeat", idl.result_class("heartbeat")()))
+        for key in (T_KEY, u_key):
+            assert await lock_deadline(e, key) >= first[key] + BEFORE_IT_ENDS
+        assert await lock_deadline(e, v_key) == first[v_key]
+        await past(max(first.values()))
+        assert (await e.lookup(GET_TABLE)).result is Result.BYPASS
+        get_u = read_plan("get_table", dbname="db", tbl_name="u")
+        assert (await e.lookup(get_u)).result is Result.BYPASS
+        get_v = read_plan("get_table", dbname="db", tbl_name="v")
+        assert (await e.lookup(get_v)).result is Result.MISS
 
     asyncio.run(run())
 
