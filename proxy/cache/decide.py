@@ -85,7 +85,8 @@ def judge(
     values = [versions[r.key][r.field] for r in refs]
     if entry is None or any(versions[r.key].get(EPOCH) is None for r in refs):
         return Verdict(Result.MISS, values=values)
-    if entry.fingerprint != codec.fingerprint(values) or entry.expires_at <= now:
+    current = _fingerprint(tuple(values)) if len(values) <= 16 else codec.fingerprint(values)
+    if entry.fingerprint != current or entry.expires_at <= now:
         return Verdict(Result.MISS, values=values)
     if entry.iceberg and not serve_iceberg:
         return BYPASS
@@ -118,6 +119,14 @@ def partition_fingerprint(
     generation (an absent partition: the set of names), and the partition's own version."""
     scope = "pgen" if present else "partset"
     return _fingerprint_of(versions.get(EPOCH), versions.get(scope), versions.get(version_field))
+
+
+# The versions a hit is judged under repeat from hit to hit (they change only with writes):
+# their fingerprint is remembered rather than hashed on every hit (for plans of a few
+# versions: the memo's size is then bounded by its entries).
+@functools.lru_cache(maxsize=8192)
+def _fingerprint(values: tuple[bytes | None, ...]) -> bytes:
+    return codec.fingerprint(values)
 
 
 # A hit of 100 partitions judges 100 entries: their fingerprints repeat from hit to hit (the

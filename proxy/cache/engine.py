@@ -86,9 +86,10 @@ class CacheEngine:
         # Whether Iceberg table objects may be served from the cache now (--cache-iceberg-
         # tables; in auto, while the notification log is followed).
         self.serve_iceberg = serve_iceberg
-        # With a shared store, decoded replies are kept in process too (the embedded store
-        # holds them in process already).
-        self.l1 = L1(l1_bytes) if store.compress else None
+        # Decoded replies kept in process: in front of a shared store, its whole budget; in
+        # front of the embedded store (whose entries are in process, but encoded: a decode
+        # and a copy on every hit), an eighth of it, for the hottest entries.
+        self.l1 = L1(l1_bytes if store.compress else l1_bytes // 8)
         self.dictionaries = Dictionaries(store, self.naming)
         self.invalidations = Invalidations(
             store,
@@ -195,7 +196,6 @@ class CacheEngine:
         """(entries, bytes, kind) held in this process: the embedded cache, or Redis's front."""
         if isinstance(self.store, MemoryStore):
             return self.store.entry_count, self.store.stored_bytes, "embedded"
-        assert self.l1 is not None
         kind = "redis-cluster" if getattr(self.store, "cluster", False) else "redis"
         return len(self.l1), self.l1.bytes, kind
 

@@ -37,7 +37,7 @@ from proxy.cache.keys import EPOCH, Naming, partition_field
 from proxy.cache.l1 import L1
 from proxy.cache.plan import PartitionPlan, ReadPlan
 from proxy.cache.reads import Pending, ReadCall, Seen, Served, WholeReads
-from proxy.cache.store import CacheUnavailable, Store
+from proxy.cache.store import CacheUnavailable, Found, Store
 from proxy.metrics import Metrics, method_label
 from proxy.wire.binary import MessageType, encode_header
 from proxy.wire.framing import Message
@@ -139,21 +139,28 @@ class PartitionReads:
         wanted = dict(pp.wanted)
         entry_keys = pp.entry_keys
         l1 = self.l1
-        fronts = {k: e for k in entry_keys if l1 is not None and (e := l1.get(k)) is not None}
         whole_front = l1.get(plan.key) if l1 is not None else None
-        if whole_front is not None and (known := self.store.local(wanted)) is not None:
+        known = self.store.local(wanted)  # the versions, if kept in process (see .mirror)
+        if whole_front is not None and known is not None:
             # The repeated request, with its versions in process: no partition entries needed.
             whole = await self._judge_whole(plan, known, whole_front, None)
             if whole.hit:
                 return PartitionLookup(whole.result, versions=known[key], whole=whole)
-        try:
-            versions, found = await self.store.lookup(
-                wanted,
-                [k for k in entry_keys if k not in fronts]
-                + ([plan.key] if whole_front is None else []),
-            )
-        except CacheUnavailable:
-            return PartitionLookup(Result.BYPASS)
+        fronts = {k: e for k in entry_keys if l1 is not None and (e := l1.get(k)) is not None}
+        found: Found
+        if known is not None and len(fronts) == len(entry_keys):
+            # Every partition and every version in process: judged without a round trip (a
+            # whole reply in the store would be these partitions' bytes again).
+            versions, found = known, {}
+        else:
+            try:
+                versions, found = await self.store.lookup(
+                    wanted,
+                    [k for k in entry_keys if k not in fronts]
+                    + ([plan.key] if whole_front is None else []),
+                )
+            except CacheUnavailable:
+                return PartitionLookup(Result.BYPASS)
         current = versions[key]
         if fenced_fields(wanted, versions):
             return PartitionLookup(Result.BYPASS)

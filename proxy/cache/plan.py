@@ -110,10 +110,16 @@ class ReadPlan:
     negative_ttl: float | None  # NoSuchObjectException may be cached for this long
     table: TableRef | None = None
     partitions: PartitionPlan | None = None
+    # The version fields ``refs`` read, by hash (see :func:`group`): asked of the store on
+    # every look-up, so worked out once per plan.
+    grouped: dict[str, list[str]] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "grouped", group(self.refs))
 
     def approx_size(self) -> int:
         """Bytes this plan keeps alive, roughly (for the plan memo's budget)."""
-        size = 400 + len(self.key) + sum(len(r.key) + len(r.field) + 100 for r in self.refs)
+        size = 400 + len(self.key) + sum(len(r.key) + len(r.field) + 150 for r in self.refs)
         if self.table is not None:
             size += len(self.table.db) + len(self.table.table) + 100
         pp = self.partitions

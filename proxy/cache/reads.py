@@ -29,7 +29,7 @@ from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.entry import Payload
 from proxy.cache.keys import EPOCH, TableRef
 from proxy.cache.l1 import L1
-from proxy.cache.plan import ReadPlan, group
+from proxy.cache.plan import ReadPlan
 from proxy.cache.store import CacheUnavailable, Found, Store
 from proxy.metrics import Metrics, method_label
 from proxy.wire.framing import Message
@@ -156,7 +156,7 @@ class WholeReads:
         front = self.l1.get(plan.key) if self.l1 is not None else None
         try:
             versions, found = await self.store.lookup(
-                group(plan.refs), [] if front is not None else [plan.key]
+                plan.grouped, [] if front is not None else [plan.key]
             )
         except CacheUnavailable:
             return BYPASS
@@ -171,7 +171,7 @@ class WholeReads:
     async def stale(self, plan: ReadPlan) -> Payload | None:
         """An expired entry whose versions are still current (see :func:`.judge_stale`)."""
         try:
-            versions, found = await self.store.lookup(group(plan.refs), [plan.key])
+            versions, found = await self.store.lookup(plan.grouped, [plan.key])
         except CacheUnavailable:
             return None
         entry = await self._decoded(found, plan)

@@ -15,7 +15,7 @@ from proxy.catalog import MethodSpec
 from proxy.handler.forward import Forwarder
 from proxy.handler.session import SessionState
 from proxy.upstream import ClientChannel, result_outcome
-from proxy.wire.binary import MessageHeader, parse_header, with_seqid
+from proxy.wire.binary import MessageHeader, parse_header, reseq
 from proxy.wire.framing import Message
 
 
@@ -50,13 +50,9 @@ class _Read:
 
     async def serve(self, cached: Payload) -> str:
         """A cached reply, with the caller's seqid, without copying its body."""
-        header = _header_of(cached)
-        at = header.length
-        seqid = self.message.header.seqid
-        await self.client.send_message(
-            with_seqid(bytes(cached[:at]), header, seqid), memoryview(cached)[at:]
-        )
-        return result_outcome(header.type, bytes(cached[at : at + 3]))
+        head, at, mtype = reseq(cached, self.message.header.seqid)
+        await self.client.send_message(head, memoryview(cached)[at:])
+        return result_outcome(mtype, bytes(cached[at : at + 3]))
 
     async def send(self, reply: bytes) -> str:
         await self.client.send(self.client.transport.frame(reply))

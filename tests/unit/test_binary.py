@@ -16,6 +16,7 @@ from proxy.wire.binary import (
     encode_application_exception,
     encode_header,
     parse_header,
+    reseq,
     with_seqid,
 )
 from proxy.wire.errors import ProtocolError
@@ -200,3 +201,17 @@ def test_field_spans_refuse_a_struct_nested_too_deeply(deep: int) -> None:
         field_spans(nested)
     shallow = b"\x0c\x00\x01" * 10 + b"\x00" * 11
     assert field_spans(shallow)[1] == len(shallow)
+
+
+def test_reseq_puts_the_callers_seqid_in_place_and_keeps_everything_else() -> None:
+    body = b"\x0c\x00\x00\x00"
+    strict = encode_header("get_table", MessageType.REPLY, 7) + body
+    head, at, mtype = reseq(strict, 42)
+    assert head + strict[at:] == encode_header("get_table", MessageType.REPLY, 42) + body
+    assert (at, mtype) == (len(strict) - len(body), MessageType.REPLY)
+    assert reseq(memoryview(strict), 42) == (head, at, mtype)
+    # An old client's header (strictWrite off): name length first, then name, type, seqid.
+    old = struct.pack(">i", 9) + b"get_table" + bytes((MessageType.REPLY,)) + struct.pack(">i", 7)
+    head, at, mtype = reseq(old + body, -1)
+    assert head == old[:-4] + struct.pack(">i", -1)
+    assert (at, mtype) == (len(old), MessageType.REPLY)
