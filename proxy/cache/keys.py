@@ -32,6 +32,7 @@ request's bytes, catalog and all (listings: :attr:`TableRef.catalog` in their ke
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Sequence
@@ -85,7 +86,9 @@ class TableRef:
     @property
     def tag(self) -> str:
         """The table's versions: the same in every catalog (see the module's docstring)."""
-        return "t:" + _digest(DEFAULT_CATALOG, self.db, self.table)
+        if len(self.db) + len(self.table) <= MEMO_LONGEST:
+            return _remembered_table_tag(self.db, self.table)
+        return _table_tag(self.db, self.table)
 
     @property
     def database(self) -> DatabaseRef:
@@ -107,14 +110,36 @@ class DatabaseRef:
         return "d:" + _digest(DEFAULT_CATALOG, self.db)
 
 
+def _table_tag(db: str, table: str) -> str:
+    return "t:" + _digest(DEFAULT_CATALOG, db, table)
+
+
 CATALOG_TAG = "g"
 COORDINATION = ":coord:"
+
+
+# Partition names and values repeat from request to request (engines ask for overlapping
+# sets of one table's partitions): their parses and fields are remembered, for names short
+# enough that the memo's size stays bounded by its entries (a client chooses the names).
+MEMO_NAMES = 32768
+MEMO_LONGEST = 256
 
 
 def partition_field(values: Sequence[str]) -> str:
     """The version field of one partition, from its values (not its name: writes name
     partitions by values, and values need no table schema to compare)."""
+    key = tuple(values)
+    if sum(map(len, key)) <= MEMO_LONGEST:
+        return _remembered_field(key)
+    return _field_of(key)
+
+
+def _field_of(values: tuple[str, ...]) -> str:
     return "p:" + _digest(json.dumps(list(values), ensure_ascii=False), size=12)
+
+
+_remembered_field = functools.lru_cache(maxsize=MEMO_NAMES)(_field_of)
+_remembered_table_tag = functools.lru_cache(maxsize=MEMO_NAMES)(_table_tag)
 
 
 class PartitionNameError(ValueError):
@@ -149,6 +174,12 @@ def parse_partition_name(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     else (empty parts, upper-case keys) raises PartitionNameError: the caller then treats
     the request as one opaque entry instead of guessing.
     """
+    if len(name) <= MEMO_LONGEST:
+        return _remembered_parse(name)
+    return _parse(name)
+
+
+def _parse(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     keys, values = [], []
     for part in name.split("/"):
         key, sep, value = part.partition("=")
@@ -157,6 +188,9 @@ def parse_partition_name(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         keys.append(_unescape(key))
         values.append(_unescape(value))
     return tuple(keys), tuple(values)
+
+
+_remembered_parse = functools.lru_cache(maxsize=MEMO_NAMES)(_parse)  # errors are not kept
 
 
 @dataclass(frozen=True, slots=True)

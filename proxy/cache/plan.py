@@ -123,10 +123,10 @@ class ReadPlan:
         if self.table is not None:
             size += len(self.table.db) + len(self.table.table) + 100
         pp = self.partitions
-        if pp is not None:
-            size += sum(len(n) + 300 for n in pp.names) + sum(sum(map(len, v)) for v in pp.values)
-            size += sum(len(k) + 100 for k in pp.entry_keys) + sum(len(f) for f in pp.fields)
-            size += sum(len(k) + 100 + 8 * len(fs) for k, fs in pp.wanted)
+        if pp is not None:  # per partition: its name, values, field, entry key and refs
+            n = len(pp.names)
+            size += 2 * sum(map(len, pp.names)) + n * 600
+            size += sum(map(len, pp.entry_keys)) + sum(map(len, pp.fields))
         return size
 
 

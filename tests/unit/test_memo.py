@@ -141,3 +141,24 @@ def test_invalidations_pending_through_a_long_outage_stay_bounded() -> None:
         assert not e.invalidations.pending
 
     asyncio.run(run())
+
+
+def test_partition_name_memos_keep_only_short_names() -> None:
+    # A client chooses partition and table names: long ones are worked out each time, so the
+    # memos' size is bounded by their entry counts times a short name.
+    from proxy.cache import keys
+
+    long_value = "x" * (keys.MEMO_LONGEST + 1)
+    fields, parses, tags = (
+        keys._remembered_field.cache_info().currsize,
+        keys._remembered_parse.cache_info().currsize,
+        keys._remembered_table_tag.cache_info().currsize,
+    )
+    assert keys.partition_field([long_value]) == keys._field_of((long_value,))
+    assert keys.parse_partition_name(f"ds={long_value}")[1] == (long_value,)
+    assert keys.TableRef.of("db", long_value).tag == keys._table_tag("db", long_value)
+    assert keys._remembered_field.cache_info().currsize == fields
+    assert keys._remembered_parse.cache_info().currsize == parses
+    assert keys._remembered_table_tag.cache_info().currsize == tags
+    keys.partition_field(["2024-01-01"])
+    assert keys._remembered_field.cache_info().currsize <= keys.MEMO_NAMES
