@@ -82,10 +82,10 @@ class _PerMethod(_Children):
 
     __slots__ = ("_seen", "also", "values")
 
-    def __init__(self, metric: Any, values: Iterable[str], also: _Children | None = None) -> None:
+    def __init__(self, metric: Any, values: Iterable[str], also: Iterable[_Children] = ()) -> None:
         super().__init__(metric)
         self.values = tuple(values)
-        self.also = also  # a per-method metric that starts at zero along with this one
+        self.also = tuple(also)  # per-method metrics that start at zero along with this one
         self._seen: set[str] = set()
 
     def labels(self, *values: str) -> Any:
@@ -96,8 +96,8 @@ class _PerMethod(_Children):
                 self._seen.add(method)
                 for value in self.values:
                     super().labels(method, value)
-                if self.also is not None:
-                    self.also.labels(method)
+                for other in self.also:
+                    other.labels(method)
             child = super().labels(*values)
         return child
 
@@ -143,6 +143,15 @@ class Metrics:
                 registry=r,
             )
         )
+        self.shared_reads = _Children(
+            Counter(
+                "hmsproxy_shared_reads",
+                "Reads of something a write or a lock fenced, answered with the metastore's "
+                "reply to a concurrent identical read (one metastore call for them all)",
+                ["method"],
+                registry=r,
+            )
+        )
         self.cache_lookups = _PerMethod(
             Counter(
                 "hmsproxy_cache_lookups",
@@ -151,7 +160,7 @@ class Metrics:
                 registry=r,
             ),
             LOOKUP_RESULTS,
-            also=self.stale_replies,
+            also=(self.stale_replies, self.shared_reads),
         )
         self.cache_partitions = _Children(
             Counter(

@@ -565,6 +565,7 @@ def invalidation() -> list[Panel]:
                 ),
                 target("sum(hmsproxy_redis_tracking_up" + sel() + ")", "streams up"),
                 target(f"sum({rate('hmsproxy_redis_tracking_resyncs_total')})", "resyncs"),
+                target(f"sum({rate('hmsproxy_shared_reads_total')})", "fenced reads shared"),
                 target("sum(hmsproxy_redis_tracking_mirror_bytes" + sel() + ")", "bytes held"),
             ],
             "short",

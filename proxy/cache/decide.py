@@ -41,6 +41,8 @@ class Verdict:
     result: Result
     reply: codec.Payload = b""  # the cached reply message, on a hit
     values: list[bytes | None] = field(default_factory=list)  # versions read, plan order
+    # Bypassed because a write or a lock fences what the plan reads (values: as read then).
+    fenced: bool = False
 
     @property
     def hit(self) -> bool:
@@ -80,8 +82,10 @@ def judge(
 ) -> Verdict:
     """What a whole-reply look-up found: ``entry`` is the candidate (the in-process copy,
     or the store's entry decoded), ``None`` if there is none; ``now`` is Unix time."""
-    if fenced(refs, versions):
-        return BYPASS  # a write or a lock is under way: neither serve nor fill
+    if fenced(refs, versions):  # a write or a lock is under way: neither serve nor fill
+        return Verdict(
+            Result.BYPASS, values=[versions[r.key].get(r.field) for r in refs], fenced=True
+        )
     values = [versions[r.key][r.field] for r in refs]
     if entry is None or any(versions[r.key].get(EPOCH) is None for r in refs):
         return Verdict(Result.MISS, values=values)

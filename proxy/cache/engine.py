@@ -53,10 +53,10 @@ class Activity(Seen, Changes, Protocol):
     """What the status page is told: look-ups and invalidations."""
 
 
-def _request_digest(method: str, body: bytes, identity: bytes | None) -> bytes:
+def _request_digest(method: str, message: Message, identity: bytes | None) -> bytes:
     h = hashlib.blake2b(method.encode(), digest_size=16)
     h.update(b"\x00")
-    h.update(body)
+    h.update(memoryview(message.data)[message.header.length :])  # the arguments, not copied
     if identity is not None:
         h.update(b"\x00")
         h.update(identity)
@@ -149,7 +149,7 @@ class CacheEngine:
     ) -> ReadPlan | None:
         """The plan for a read (memoised: engines repeat the same calls byte for byte)."""
         who = identity if self.planner.per_user else None
-        memo = _request_digest(spec.name, message.body, who)
+        memo = _request_digest(spec.name, message, who)
         found, plan = self._plans.lookup(memo)
         if found:
             return plan

@@ -10,7 +10,12 @@ metastore):
 2. **Fill** uses the versions read before the upstream call started: if a write's bump lands
    while the call is in flight, the entry is born dead. No stale fill, no locks.
 3. **Single flight**: concurrent misses of one key under one fingerprint share one upstream
-   call. A request that arrives after a write saw different versions and flies alone.
+   call. A request that arrives after a write saw different versions and flies alone. So do
+   concurrent reads of one key while a write or a lock fences it (nothing is filled then):
+   a table being written costs the metastore one read per set of versions, not one per
+   waiting client. Sharing is safe for the same reason: a write acknowledged before a read
+   arrived bumped the versions that read sees, so it cannot join a flight that began
+   before that write.
 4. **Stale-if-error**: while the metastore cannot be reached, an entry past its TTL whose
    versions are still current may answer (``--stale-if-error``).
 """
@@ -35,6 +40,8 @@ from proxy.metrics import Metrics, method_label
 from proxy.wire.framing import Message
 
 Keep = Callable[[Message], Awaitable[None]]
+# Flights of fenced reads are keyed apart from fills' (their fingerprints could coincide).
+FENCED_FLIGHT = b"fenced:"
 Fallback = Callable[[], Awaitable[bool]]
 
 
@@ -114,6 +121,8 @@ class WholeReads:
             self.seen.looked_up(plan.table, look.hit)
         if look.hit:
             return Served(await call.serve(look.reply), "cache")
+        if look.fenced:
+            return await self._shared(plan, look, call)
         fp = None if look.result is Result.BYPASS else await self.fill_fingerprint(plan, look)
         if fp is None:
             return Served(await call.forward(None, None), "upstream")
@@ -146,6 +155,31 @@ class WholeReads:
             # Whatever became of the leader (answered, failed, cancelled), its waiters get
             # the reply it kept, or None: each then asks the metastore itself.
             future = self._flights.pop((plan.key, fp))
+            if not future.done():
+                future.set_result(kept[0] if kept else None)
+        return Served(outcome, "upstream")
+
+    async def _shared(self, plan: ReadPlan, fenced: Verdict, call: ReadCall) -> Served:
+        """A read of what a write or a lock fences: from the metastore, once for every
+        concurrent reader that saw the same versions; never filled."""
+        key = (plan.key, FENCED_FLIGHT + codec.fingerprint(fenced.values))
+        flight = self._flights.get(key)
+        if flight is not None:
+            shared = await asyncio.shield(flight)
+            if shared is not None:
+                self.metrics.shared_reads.labels(method_label(plan.method)).inc()
+                return Served(await call.serve(shared), "upstream")
+            return Served(await call.forward(None, None), "upstream")
+        self._flights[key] = asyncio.get_running_loop().create_future()
+        kept: list[bytes] = []
+
+        async def keep(reply: Message) -> None:
+            kept.append(reply.data)
+
+        try:
+            outcome = await call.forward(keep, None)
+        finally:
+            future = self._flights.pop(key)
             if not future.done():
                 future.set_result(kept[0] if kept else None)
         return Served(outcome, "upstream")

@@ -537,3 +537,82 @@ def test_a_metastore_that_stops_answering_gets_the_client_an_error() -> None:
             assert r.active == 0 and r.idle == 0
 
     asyncio.run(run())
+
+
+class FencingStore(MemoryStore):
+    """The embedded store, fencing writes as the Redis store does (a crash-safety mark on the
+    hash while the write is at the metastore: reads bypass the cache meanwhile)."""
+
+    async def fence(self, keys: Sequence[str], intent: str, seconds: float, bumps: Any) -> Any:
+        await self.mark([(k, intent) for k in keys], time.time() + seconds)
+        return await super().fence(keys, intent, seconds, bumps)
+
+    async def unfence(self, keys: Sequence[str], intent: str, bumps: Any, also: Any = ()) -> None:
+        await super().unfence(keys, intent, bumps, also)
+        await self.unmark([(k, intent) for k in keys])
+
+
+@pytest.mark.parametrize("fencing", [False, True], ids=["embedded", "fencing"])
+def test_reads_of_a_table_being_written_share_one_metastore_call_and_none_is_older(
+    fencing: bool,
+) -> None:
+    # While a write is at the metastore, identical reads of its table share one metastore
+    # call instead of each making their own (no stampede on a hot table): through the miss's
+    # single flight on the embedded store, through the fenced reads' own flight where the
+    # write fences the table (as with Redis). A read that arrives after the write is
+    # acknowledged gets the written table, not the shared older answer.
+    async def run() -> None:
+        store = FencingStore(1 << 24) if fencing else MemoryStore(1 << 24)
+        async with rig(store=store) as r:
+            r.hms.add_table(DB, T, v="1")
+            writer = SessionState("writer")
+            await r.call(writer, "get_table", 1, dbname=DB, tbl_name=T)  # cached
+            write_gate, read_gate = Slow(), Slow()
+            r.hms.script("alter_table", write_gate)
+            new = table(DB, T, v="2")
+            write = asyncio.create_task(
+                r.handler.handle(
+                    writer, request("alter_table", 2, dbname=DB, tbl_name=T, new_tbl=new), Client()
+                )
+            )
+            await until(lambda: r.hms.calls["alter_table"] == 1, "the write at the metastore")
+            old = r.hms.answer("get_table", 1, dbname=DB, tbl_name=T)
+            r.hms.script("get_table", read_gate)  # the first read is held at the metastore
+            readers = [Client() for _ in range(20)]
+            reads = [
+                asyncio.create_task(
+                    r.handler.handle(
+                        SessionState(f"r{i}"),
+                        request("get_table", 100 + i, dbname=DB, tbl_name=T),
+                        client,
+                    )
+                )
+                for i, client in enumerate(readers)
+            ]
+            looked = "bypass" if fencing else "miss"
+            await until(
+                lambda: (
+                    r.sample("hmsproxy_cache_lookups_total", method="get_table", result=looked)
+                    >= 20
+                ),
+                "every read looked up",
+            )
+            await until(lambda: r.hms.calls["get_table"] == 2, "one read at the metastore")
+            for _ in range(100):  # time for any other read to reach the metastore too
+                await asyncio.sleep(0)
+            assert r.hms.calls["get_table"] == 2  # the fill before the write, and one read
+            read_gate.gate.set()
+            await asyncio.gather(*reads)
+            for i, client in enumerate(readers):
+                assert without_seqid(client.reply()) == without_seqid(old)
+                assert seqid_of(client.reply()) == 100 + i
+            shared = r.sample("hmsproxy_shared_reads_total", method="get_table")
+            assert shared == (19 if fencing else 0)
+            r.hms.tables[(DB, T)] = new  # what the held write does at the metastore
+            write_gate.gate.set()
+            await write
+            after = await r.call(SessionState("late"), "get_table", 7, dbname=DB, tbl_name=T)
+            assert after == r.hms.answer("get_table", 7, dbname=DB, tbl_name=T)
+            assert after != old and r.hms.calls["get_table"] == 3
+
+    asyncio.run(run())
