@@ -238,7 +238,8 @@ def build_cache(
             mirror_bytes=max(1 << 20, options.memory_cache_bytes // 8),
         )
     else:
-        store = MemoryStore(options.memory_cache_bytes)
+        # Seven eighths for the entries, one for the decoded front (see CacheEngine.l1).
+        store = MemoryStore(options.memory_cache_bytes - options.memory_cache_bytes // 8)
     planner = Planner(Naming(options.redis_key_prefix), ttls, per_user=options.per_user_cache)
     return CacheEngine(
         store,

@@ -545,8 +545,9 @@ class Options:
     memory_cache_bytes: int = _opt(
         256 << 20,
         parse_size,
-        "without --redis, the embedded cache's size; with it, the in-process front of decoded "
-        "replies (validated against Redis on every hit)",
+        "without --redis, the embedded cache's size (an eighth of it a decoded front of the "
+        "hottest replies); with it, the in-process copy of decoded replies in front of Redis "
+        "(and, with --redis-tracking on, up to an eighth more for the versions)",
         metavar="BYTES",
     )
     cache_max_entry_bytes: int = _opt(

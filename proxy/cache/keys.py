@@ -120,16 +120,18 @@ COORDINATION = ":coord:"
 
 # Partition names and values repeat from request to request (engines ask for overlapping
 # sets of one table's partitions): their parses and fields are remembered, for names short
-# enough that the memo's size stays bounded by its entries (a client chooses the names).
-MEMO_NAMES = 32768
-MEMO_LONGEST = 256
+# enough, and of few enough parts, that the memos' size stays bounded by their entries (a
+# client chooses the names): at most MEMO_NAMES x ~2 KB each, however the names are made.
+MEMO_NAMES = 8192
+MEMO_LONGEST = 128
+MEMO_PARTS = 16
 
 
 def partition_field(values: Sequence[str]) -> str:
     """The version field of one partition, from its values (not its name: writes name
     partitions by values, and values need no table schema to compare)."""
     key = tuple(values)
-    if sum(map(len, key)) <= MEMO_LONGEST:
+    if len(key) <= MEMO_PARTS and sum(map(len, key)) <= MEMO_LONGEST:
         return _remembered_field(key)
     return _field_of(key)
 
@@ -174,7 +176,7 @@ def parse_partition_name(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     else (empty parts, upper-case keys) raises PartitionNameError: the caller then treats
     the request as one opaque entry instead of guessing.
     """
-    if len(name) <= MEMO_LONGEST:
+    if len(name) <= MEMO_LONGEST and name.count("/") < MEMO_PARTS:
         return _remembered_parse(name)
     return _parse(name)
 

@@ -55,10 +55,19 @@ class _Stream:
 
 
 class VersionMirror:
-    def __init__(self, streams: int, *, max_bytes: int, max_lag: float, fence_suffix: str) -> None:
+    def __init__(
+        self,
+        streams: int,
+        *,
+        max_bytes: int,
+        max_lag: float,
+        fence_suffix: str,
+        version_suffix: str = ":v",
+    ) -> None:
         self.max_bytes = max_bytes
         self.max_lag = max_lag
         self._fence_suffix = fence_suffix
+        self._version_suffix = version_suffix
         self._streams = [_Stream() for _ in range(streams)]
         self._hashes: OrderedDict[str, Fields] = OrderedDict()
         self._sizes: dict[str, int] = {}
@@ -75,6 +84,7 @@ class VersionMirror:
     def reset(self, streams: int) -> None:
         """The set of streams changed (a new connection, a new cluster topology)."""
         self._streams = [_Stream() for _ in range(streams)]
+        self._beats.clear()  # by stream index: an old beat must not vouch for a new stream
         self._resync()
 
     def subscribed(self, stream: int) -> None:
@@ -123,16 +133,19 @@ class VersionMirror:
             return
         self._seq += 1
         seq = self._seq
-        suffix = self._fence_suffix
+        fence, version = self._fence_suffix, self._version_suffix
         for raw in keys:
             key = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+            if key.endswith(fence):  # a fence hash: the versions it guards
+                key = key[: -len(fence)]
+            if key.endswith(version):
+                self._drop(key, seq)
+                continue
             beat = self._beats.pop(key, None)
             if beat is not None:
                 self._confirm(beat, now)
-                continue
-            if key.endswith(suffix):  # a fence hash: the versions it guards
-                key = key[: -len(suffix)]
-            self._drop(key, seq)
+            # Anything else (a cached entry filled or expired) changes no version: ignored,
+            # and not remembered, so fills do not crowd out what tickets need.
         if len(self._dropped) > MAX_DROPPED:
             self._dropped.clear()
             self._floor = self._seq + 1

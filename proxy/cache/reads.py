@@ -11,11 +11,9 @@ metastore):
    while the call is in flight, the entry is born dead. No stale fill, no locks.
 3. **Single flight**: concurrent misses of one key under one fingerprint share one upstream
    call. A request that arrives after a write saw different versions and flies alone. So do
-   concurrent reads of one key while a write or a lock fences it (nothing is filled then):
-   a table being written costs the metastore one read per set of versions, not one per
-   waiting client. Sharing is safe for the same reason: a write acknowledged before a read
-   arrived bumped the versions that read sees, so it cannot join a flight that began
-   before that write.
+   concurrent reads of one key while a write or a lock fences it (nothing is filled then),
+   taking turns: a table being written costs the metastore one read at a time, not one per
+   waiting client, and a reader only ever shares a call sent after it arrived.
 4. **Stale-if-error**: while the metastore cannot be reached, an entry past its TTL whose
    versions are still current may answer (``--stale-if-error``).
 """
@@ -87,6 +85,15 @@ class Seen(Protocol):
     def looked_up(self, table: TableRef, hit: bool) -> None: ...
 
 
+@dataclass(slots=True)
+class _Turns:
+    """Fenced reads of one key under one set of versions: the call at the metastore, and
+    the next one, which readers arriving meanwhile wait for."""
+
+    sending: asyncio.Future[bytes | None] | None = None
+    waiting: asyncio.Future[bytes | None] | None = None
+
+
 class WholeReads:
     def __init__(
         self,
@@ -112,6 +119,7 @@ class WholeReads:
         self.stale_window = stale_window
         self.seen = seen
         self._flights: dict[tuple[str, bytes], asyncio.Future[bytes | None]] = {}
+        self._turns: dict[tuple[str, bytes], _Turns] = {}  # fenced reads (see _shared)
 
     async def read(self, plan: ReadPlan, call: ReadCall) -> Served:
         """Answer ``call`` from the cache, or from the metastore while filling the cache."""
@@ -160,28 +168,43 @@ class WholeReads:
         return Served(outcome, "upstream")
 
     async def _shared(self, plan: ReadPlan, fenced: Verdict, call: ReadCall) -> Served:
-        """A read of what a write or a lock fences: from the metastore, once for every
-        concurrent reader that saw the same versions; never filled."""
+        """A read of what a write or a lock fences: from the metastore, never filled. Readers
+        take turns: one call at the metastore at a time per key and versions, and every
+        reader arriving while it is there shares the next call, which is sent after they
+        all arrived (so none gets an answer older than a write acknowledged before it came,
+        even one the versions do not show yet: a write straight to the metastore)."""
         key = (plan.key, FENCED_FLIGHT + codec.fingerprint(fenced.values))
-        flight = self._flights.get(key)
-        if flight is not None:
-            shared = await asyncio.shield(flight)
+        turns = self._turns.setdefault(key, _Turns())
+        if turns.waiting is not None:  # the next call, not sent yet: this reader joins it
+            shared = await asyncio.shield(turns.waiting)
             if shared is not None:
                 self.metrics.shared_reads.labels(method_label(plan.method)).inc()
                 return Served(await call.serve(shared), "upstream")
             return Served(await call.forward(None, None), "upstream")
-        self._flights[key] = asyncio.get_running_loop().create_future()
+        mine: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
         kept: list[bytes] = []
 
         async def keep(reply: Message) -> None:
-            kept.append(reply.data)
+            # Shared only what could have been stored: not a passing error of the metastore.
+            if storable(plan, reply, max_bytes=self.max_entry_bytes, serve_iceberg=True):
+                kept.append(reply.data)
 
         try:
+            if turns.sending is not None:  # wait for the call at the metastore to end
+                turns.waiting = mine
+                await asyncio.shield(turns.sending)
+                turns.waiting = None
+            turns.sending = mine
             outcome = await call.forward(keep, None)
         finally:
-            future = self._flights.pop(key)
-            if not future.done():
-                future.set_result(kept[0] if kept else None)
+            if turns.waiting is mine:
+                turns.waiting = None
+            if turns.sending is mine:
+                turns.sending = None
+            if not mine.done():  # its readers get the reply, or ask themselves
+                mine.set_result(kept[0] if kept else None)
+            if turns.sending is None and turns.waiting is None:
+                self._turns.pop(key, None)
         return Served(outcome, "upstream")
 
     async def lookup(self, plan: ReadPlan) -> Verdict:
@@ -189,8 +212,13 @@ class WholeReads:
             return BYPASS
         front = self.l1.get(plan.key) if self.l1 is not None else None
         try:
+            # An Iceberg table's object is judged against the versions in Redis, never a copy
+            # in process: a lock taken through another proxy (Iceberg's commit check reads
+            # the table inside it) is then seen at once, not within the stream's delivery.
             versions, found = await self.store.lookup(
-                plan.grouped, [] if front is not None else [plan.key]
+                plan.grouped,
+                [] if front is not None else [plan.key],
+                fresh=front is not None and front.iceberg,
             )
         except CacheUnavailable:
             return BYPASS

@@ -118,6 +118,7 @@ class RedisStore:
                 beat=min(0.25, tracking_max_lag / 4),
                 timeout=timeout,
             )
+        self._retracking: asyncio.Task[None] | None = None
         self._local = metrics.version_reads.labels("local")
         self._remote = metrics.version_reads.labels("redis")
 
@@ -171,9 +172,7 @@ class RedisStore:
                         self.url, socket_timeout=limit, socket_connect_timeout=limit
                     )
                     await client.initialize()
-                    places: list[tuple[str, int] | str] = [
-                        (n.host, n.port) for n in client.get_primaries()
-                    ]
+                    places: list[tuple[str, int] | str] = _slot_owners(client)
                 else:
                     places = ["single"]
                 self._conn_kwargs = kwargs
@@ -209,6 +208,24 @@ class RedisStore:
             if all(p in tags for p in places):
                 break
         return [tags.get(p, "beat") for p in places]
+
+    def _all_tracked(self, versions: Mapping[str, Sequence[str]]) -> bool:
+        """Whether a stream of ours follows every node holding these version hashes (slots
+        can move to a new node without a MOVED reaching the look-ups: redis-py follows it on
+        its own connections); if not, the streams are started again for today's nodes."""
+        assert self.streams is not None
+        tracked = self.streams.places
+        nodes = self._client.nodes_manager
+        for key in versions:
+            node = nodes.get_node_from_slot(resp.key_slot(key))
+            if (node.host, node.port) not in tracked:
+                self._retrack()
+                return False
+        return True
+
+    def _retrack(self) -> None:
+        if self._retracking is None or self._retracking.done():
+            self._retracking = background(self._refresh_slots(), "following the cluster's nodes")
 
     async def _send_to(self, place: Place, commands: list[resp.Command]) -> list[Any]:
         return await resp.replies_within(self._fast_connection(place).send(commands), self.timeout)
@@ -357,10 +374,10 @@ class RedisStore:
         return mirror.get(versions)
 
     async def lookup(
-        self, versions: Mapping[str, Sequence[str]], entries: Sequence[str]
+        self, versions: Mapping[str, Sequence[str]], entries: Sequence[str], *, fresh: bool = False
     ) -> tuple[Versions, Found]:
         mirror = self.mirror
-        if mirror is not None and not entries:
+        if mirror is not None and not entries and not fresh:
             known = self.local(versions)
             if known is not None:
                 self._local.inc()
@@ -368,6 +385,8 @@ class RedisStore:
         if not self.breaker.ready():
             raise CacheUnavailable("redis backing off after errors")
         ticket = mirror.ticket() if mirror is not None else 0
+        if ticket and self.cluster and not self._all_tracked(versions):
+            ticket = 0  # a node without a stream of ours: what it says cannot be kept
         self._remote.inc()
         order = list(versions.items())
         commands: list[resp.Command] = [("HMGET", key, *names) for key, names in order]
@@ -519,15 +538,25 @@ class RedisStore:
         for key, name in items:
             commands.append(("HSET", fence_key(key), name, repr(deadline)))
             commands.append(("PEXPIRE", fence_key(key), life))
+        # A lock's fence (it comes with bumps): every proxy's copy of these versions should
+        # be dropped before the lock is forwarded, so this proxy listens for the fence's
+        # invalidation before it is set and waits to hear it (a few milliseconds). Not heard
+        # in time, the lock goes on: a proxy whose stream is that late stops trusting its
+        # copy within --redis-tracking-max-lag, and Iceberg tables' hits always read their
+        # versions from Redis (see proxy.cache.reads).
+        hearing = None
+        if bumps and self.streams is not None:
+            hearing = self.streams.listen(sorted({fence_key(k) for k, _ in items}))
         try:
             await self._lean("version", commands + self._bump_commands(bumps))
+        except BaseException:
+            if hearing is not None:
+                hearing.close()
+            raise
         finally:
             self._changed([*(key for key, _ in items), *(b.key for b in bumps)])
-        if bumps and self.streams is not None and self.mirror is not None:
-            # Every proxy's copy of these versions must be dropped before the lock is
-            # forwarded (see InvalidationStreams.heard); not heard in time, it goes on anyway:
-            # a proxy whose stream is that late stops trusting it within the same bound.
-            await self.streams.heard(sorted({fence_key(k) for k, _ in items}), self.mirror.max_lag)
+        if hearing is not None and self.mirror is not None:
+            await hearing.heard(self.mirror.max_lag)
 
     async def unmark(self, items: Sequence[tuple[str, str]]) -> int:
         if not items:
@@ -605,7 +634,7 @@ class RedisStore:
         with contextlib.suppress(Exception):
             await self._client.nodes_manager.initialize()
             # A failover or a resharding: each new primary gets a stream of its own.
-            places: list[Place] = [(n.host, n.port) for n in self._client.get_primaries()]
+            places: list[Place] = _slot_owners(self._client)
             if self.streams is not None and sorted(map(str, places)) != sorted(
                 map(str, self.streams.places)
             ):
@@ -623,3 +652,13 @@ class RedisStore:
             with contextlib.suppress(Exception):
                 await self._client.aclose()
             self._client = None
+
+
+def _slot_owners(client: Any) -> list[Place]:
+    """The primaries that hold slots (a primary holding none has no key to look up, and no
+    beat key could be placed on it)."""
+    owners: dict[Place, None] = {}
+    for nodes in client.nodes_manager.slots_cache.values():
+        if nodes:
+            owners[(nodes[0].host, nodes[0].port)] = None
+    return list(owners) or [(n.host, n.port) for n in client.get_primaries()]

@@ -262,20 +262,26 @@ async def open_connection(kwargs: dict[str, Any], timeout: float) -> RespConnect
                 int(kwargs.get("port", 6379)),
                 ssl=redis_tls.context(kwargs) if redis_tls.uses_tls(kwargs) else None,
             )
-        setup: list[Command] = []
-        if kwargs.get("password"):
-            user = kwargs.get("username")
-            setup.append(
-                ("AUTH", user, kwargs["password"]) if user else ("AUTH", kwargs["password"])
-            )
-        if int(kwargs.get("db") or 0):
-            setup.append(("SELECT", int(kwargs["db"])))
-        if setup:
-            for reply in await asyncio.gather(*conn.send(setup)):
-                if isinstance(reply, RespError):
-                    conn.close()
-                    raise reply
+        try:
+            await _set_up(conn, kwargs)
+        except BaseException:  # refused, timed out or cancelled: not left open
+            conn.close()
+            raise
     return conn
+
+
+async def _set_up(conn: RespConnection, kwargs: dict[str, Any]) -> None:
+    """AUTH and SELECT as the URL says."""
+    setup: list[Command] = []
+    if kwargs.get("password"):
+        user = kwargs.get("username")
+        setup.append(("AUTH", user, kwargs["password"]) if user else ("AUTH", kwargs["password"]))
+    if int(kwargs.get("db") or 0):
+        setup.append(("SELECT", int(kwargs["db"])))
+    if setup:
+        for reply in await asyncio.gather(*conn.send(setup)):
+            if isinstance(reply, RespError):
+                raise reply
 
 
 def key_slot(key: str | bytes) -> int:

@@ -53,8 +53,9 @@ class Store(Protocol):
     compress: bool
 
     async def lookup(
-        self, versions: Mapping[str, Sequence[str]], entries: Sequence[str]
-    ) -> tuple[Versions, Found]: ...
+        self, versions: Mapping[str, Sequence[str]], entries: Sequence[str], *, fresh: bool = False
+    ) -> tuple[Versions, Found]:
+        """``fresh``: the versions as the store has them now, never from a copy in process."""
 
     def local(self, versions: Mapping[str, Sequence[str]]) -> Versions | None:
         """The versions asked for, if they can be known without a round trip that a
@@ -151,7 +152,7 @@ class MemoryStore:
         return len(self._entries)
 
     async def lookup(
-        self, versions: Mapping[str, Sequence[str]], entries: Sequence[str]
+        self, versions: Mapping[str, Sequence[str]], entries: Sequence[str], *, fresh: bool = False
     ) -> tuple[Versions, Found]:
         now = time.monotonic()
         got: Versions = {}

@@ -75,7 +75,7 @@ class InvalidationStreams:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._said_down = False
         # Keys someone waits to hear invalidated (see heard()).
-        self._awaited: dict[str, list[asyncio.Future[None]]] = {}
+        self._awaited: dict[str, list[asyncio.Future[bool]]] = {}
 
     @property
     def places(self) -> list[Place]:
@@ -188,7 +188,7 @@ class InvalidationStreams:
         def gone() -> None:
             if not lost.done():
                 lost.set_result(None)
-            self._wake(None)
+            self._wake(None, heard=False)
 
         conn.on_push = pushed
         conn.on_lost = gone
@@ -198,43 +198,36 @@ class InvalidationStreams:
 
     # -- hearing one's own change -------------------------------------------------------------
 
-    async def heard(self, keys: Sequence[str], timeout: float) -> bool:
-        """Wait (at most ``timeout``) until the streams have delivered the invalidation of
-        every key in ``keys``, which this proxy just changed. Redis writes a change's
-        invalidation to every tracking connection in the same turn of its loop, so once this
-        proxy hears it, every other proxy's copy is on its way to it too: a lock waits for
-        this before it is forwarded (a read inside the lock through another proxy then finds
-        the fence, even with its versions in process). ``False``: not heard in time, or no
-        stream is tracking (then nothing else can be waited for)."""
-        if not any(c is not None for c in self._gen.conns):
-            return False
+    def listen(self, keys: Sequence[str]) -> Hearing:
+        """Start listening for the invalidations of ``keys``, before this proxy changes them
+        (Redis may write the invalidation before the change's reply: one listened for only
+        after the reply would be missed). See :meth:`Hearing.heard`."""
         loop = asyncio.get_running_loop()
-        waits = []
-        for key in keys:
-            future: asyncio.Future[None] = loop.create_future()
+        hearing = Hearing(self, tracking=any(c is not None for c in self._gen.conns))
+        for key in keys if hearing.tracking else ():
+            future: asyncio.Future[bool] = loop.create_future()
             self._awaited.setdefault(key, []).append(future)
-            waits.append(future)
-        try:
-            async with asyncio.timeout(timeout):
-                await asyncio.gather(*waits)
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            for key, future in zip(keys, waits, strict=True):
-                waiting = self._awaited.get(key)
-                if waiting is not None and future in waiting:
-                    waiting.remove(future)
-                    if not waiting:
-                        del self._awaited[key]
+            hearing.waits.append((key, future))
+        return hearing
 
-    def _wake(self, keys: Sequence[bytes] | None) -> None:
-        """Wake who waits for ``keys`` (``None``: everyone: a flush, or a lost stream)."""
-        names = list(self._awaited) if keys is None else [k.decode() for k in keys]
+    def _unlisten(self, key: str, future: asyncio.Future[bool]) -> None:
+        waiting = self._awaited.get(key)
+        if waiting is not None and future in waiting:
+            waiting.remove(future)
+            if not waiting:
+                del self._awaited[key]
+
+    def _wake(self, keys: Sequence[bytes] | None, heard: bool = True) -> None:
+        """Wake who listens for ``keys`` (``None``: everyone: a flush, heard; or a lost
+        stream, not heard)."""
+        if keys is None:
+            names = list(self._awaited)
+        else:
+            names = [k.decode("utf-8", "surrogateescape") for k in keys]
         for name in names:
             for future in self._awaited.pop(name, ()):
                 if not future.done():
-                    future.set_result(None)
+                    future.set_result(heard)
 
     # -- beats -----------------------------------------------------------------------------
 
@@ -269,6 +262,35 @@ class InvalidationStreams:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+class Hearing:
+    """Invalidations listened for (see :meth:`InvalidationStreams.listen`)."""
+
+    def __init__(self, streams: InvalidationStreams, *, tracking: bool) -> None:
+        self.streams = streams
+        self.tracking = tracking  # False: no stream was up, nothing can be heard
+        self.waits: list[tuple[str, asyncio.Future[bool]]] = []
+
+    async def heard(self, timeout: float) -> bool:
+        """Wait (at most ``timeout``) until every key listened for has been heard back.
+        Redis writes a change's invalidation to every tracking connection in the same turn
+        of its loop, so once this proxy hears it, every other proxy's copy is on its way
+        too. ``False``: not heard in time, a stream was lost, or none was tracking."""
+        try:
+            if not self.tracking:
+                return False
+            async with asyncio.timeout(timeout):
+                return all(await asyncio.gather(*(f for _, f in self.waits)))
+        except TimeoutError:
+            return False
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for key, future in self.waits:
+            self.streams._unlisten(key, future)
+        self.waits.clear()
 
 
 def _name(place: Place) -> str:

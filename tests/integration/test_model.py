@@ -75,6 +75,7 @@ class Model:
         self.mismatches: list[str] = []
         self.late = 0  # reads through the other proxy that were right only after a retry
         self.slowest = 0.0
+        self.wrote_through_other = False
 
     def close(self) -> None:
         self.via.close()
@@ -85,8 +86,12 @@ class Model:
     # -- calls ---------------------------------------------------------------------------
 
     def call(self, method: str, **args: Any) -> bytes:
+        """A write, through either proxy (the model then holds the writer to its own write at
+        once, and the other proxy within the bound)."""
         self.seqid += 1
-        return self.via.call(idl.encode_call(method, self.seqid, **args))
+        self.wrote_through_other = self.other is not None and self.rng.random() < 0.5
+        through = self.other if self.wrote_through_other and self.other is not None else self.via
+        return through.call(idl.encode_call(method, self.seqid, **args))
 
     def compare(self, method: str, **args: Any) -> None:
         self.seqid += 1
@@ -102,18 +107,25 @@ class Model:
                 return raw.same_result(method, proxied, direct)
             return proxied == direct
 
-        if not same(proxied):
-            self.mismatches.append(f"{method}({args})")
         if self.other is None:
+            if not same(proxied):
+                self.mismatches.append(f"{method}({args})")
             return
+        # The writing proxy must answer with the write at once; the other within the bound.
+        other = self.other.call(request)
+        at_writer, at_bystander = (other, proxied) if self.wrote_through_other else (proxied, other)
+        bystander = self.via if self.wrote_through_other else self.other
+        if not same(at_writer):
+            self.mismatches.append(f"writing proxy: {method}({args})")
         started = time.monotonic()
         deadline = started + MAX_LAG + 0.5  # the bound, and the time to ask again
-        while not same(self.other.call(request)):
+        while not same(at_bystander):
             if time.monotonic() > deadline:
                 self.mismatches.append(f"other proxy: {method}({args})")
                 return
             time.sleep(0.01)
             self.late += 1
+            at_bystander = bystander.call(request)
         self.slowest = max(self.slowest, time.monotonic() - started)
 
     def table_object(self, db: str, table: str) -> Any:

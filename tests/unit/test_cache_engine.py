@@ -31,9 +31,9 @@ class FlakyStore(MemoryStore):
         if self.down:
             raise CacheUnavailable("down")
 
-    async def lookup(self, versions: Any, entries: Sequence[str]) -> Any:
+    async def lookup(self, versions: Any, entries: Sequence[str], *, fresh: bool = False) -> Any:
         self._check()
-        return await super().lookup(versions, entries)
+        return await super().lookup(versions, entries, fresh=fresh)
 
     async def bump(self, bumps: Sequence[Bump]) -> None:
         self._check()

@@ -556,11 +556,11 @@ class FencingStore(MemoryStore):
 def test_reads_of_a_table_being_written_share_one_metastore_call_and_none_is_older(
     fencing: bool,
 ) -> None:
-    # While a write is at the metastore, identical reads of its table share one metastore
-    # call instead of each making their own (no stampede on a hot table): through the miss's
-    # single flight on the embedded store, through the fenced reads' own flight where the
-    # write fences the table (as with Redis). A read that arrives after the write is
-    # acknowledged gets the written table, not the shared older answer.
+    # While a write is at the metastore, identical reads of its table share metastore calls
+    # instead of each making their own (no stampede on a hot table): the miss's single
+    # flight on the embedded store; where the write fences the table (as with Redis), fenced
+    # reads taking turns, each sharing a call sent after it arrived. A read that arrives
+    # after the write is acknowledged gets the written table, not the shared older answer.
     async def run() -> None:
         store = FencingStore(1 << 24) if fencing else MemoryStore(1 << 24)
         async with rig(store=store) as r:
@@ -606,13 +606,77 @@ def test_reads_of_a_table_being_written_share_one_metastore_call_and_none_is_old
             for i, client in enumerate(readers):
                 assert without_seqid(client.reply()) == without_seqid(old)
                 assert seqid_of(client.reply()) == 100 + i
+            # Fenced reads take turns: the one at the metastore, then one call for the 19
+            # readers that arrived while it was there (sent after they came).
+            reads_made = r.hms.calls["get_table"] - 1
+            assert reads_made == (2 if fencing else 1)
             shared = r.sample("hmsproxy_shared_reads_total", method="get_table")
-            assert shared == (19 if fencing else 0)
+            assert shared == (18 if fencing else 0)
             r.hms.tables[(DB, T)] = new  # what the held write does at the metastore
             write_gate.gate.set()
             await write
             after = await r.call(SessionState("late"), "get_table", 7, dbname=DB, tbl_name=T)
             assert after == r.hms.answer("get_table", 7, dbname=DB, tbl_name=T)
-            assert after != old and r.hms.calls["get_table"] == 3
+            assert after != old and r.hms.calls["get_table"] == reads_made + 2
+
+    asyncio.run(run())
+
+
+def test_a_fenced_read_never_shares_a_call_sent_before_it_arrived() -> None:
+    # Iceberg's lost commit, in miniature: a read of a fenced table is at the metastore when
+    # another writer commits straight to the metastore (no version changes here until the
+    # notification log says so). A read that arrives after that commit must get it: it may
+    # share only a call sent after it came, never the one already at the metastore.
+    async def run() -> None:
+        async with rig(store=FencingStore(1 << 24)) as r:
+            r.hms.add_table(DB, T, v="1")
+            writer = SessionState("writer")
+            await r.call(writer, "get_table", 1, dbname=DB, tbl_name=T)
+            write_gate, read_gate = Slow(), Slow()
+            r.hms.script("alter_table", write_gate)
+            write = asyncio.create_task(
+                r.handler.handle(
+                    writer,
+                    request("alter_table", 2, dbname=DB, tbl_name=T, new_tbl=table(DB, T, v="2")),
+                    Client(),
+                )
+            )
+            await until(lambda: r.hms.calls["alter_table"] == 1, "the write at the metastore")
+            r.hms.script("get_table", read_gate)
+            first = Client()
+            early = asyncio.create_task(
+                r.handler.handle(
+                    SessionState("early"), request("get_table", 10, dbname=DB, tbl_name=T), first
+                )
+            )
+            await until(lambda: r.hms.calls["get_table"] == 2, "the early read at the metastore")
+            r.hms.tables[(DB, T)] = table(DB, T, v="3")  # committed around the proxy
+            late = [Client() for _ in range(5)]
+            reads = [
+                asyncio.create_task(
+                    r.handler.handle(
+                        SessionState(f"l{i}"),
+                        request("get_table", 20 + i, dbname=DB, tbl_name=T),
+                        c,
+                    )
+                )
+                for i, c in enumerate(late)
+            ]
+            await until(
+                lambda: (
+                    r.sample("hmsproxy_cache_lookups_total", method="get_table", result="bypass")
+                    == 6
+                ),
+                "the late reads looked up",
+            )
+            read_gate.gate.set()
+            await asyncio.gather(early, *reads)
+            committed = r.hms.answer("get_table", 0, dbname=DB, tbl_name=T)
+            assert without_seqid(first.reply()) != without_seqid(committed)  # sent before it
+            for c in late:
+                assert without_seqid(c.reply()) == without_seqid(committed)
+            assert r.hms.calls["get_table"] == 3  # the early read, then one for the five
+            write_gate.gate.set()
+            await write
 
     asyncio.run(run())

@@ -155,6 +155,9 @@ def test_partition_name_memos_keep_only_short_names() -> None:
         keys._remembered_table_tag.cache_info().currsize,
     )
     assert keys.partition_field([long_value]) == keys._field_of((long_value,))
+    many = [""] * (keys.MEMO_PARTS + 1)  # short in characters, long in values
+    assert keys.partition_field(many) == keys._field_of(tuple(many))
+    assert keys.parse_partition_name("/".join(["a=1"] * (keys.MEMO_PARTS + 1)))
     assert keys.parse_partition_name(f"ds={long_value}")[1] == (long_value,)
     assert keys.TableRef.of("db", long_value).tag == keys._table_tag("db", long_value)
     assert keys._remembered_field.cache_info().currsize == fields

@@ -139,8 +139,34 @@ def test_memory_is_bounded_in_bytes() -> None:
 def test_invalidations_remembered_for_tickets_are_bounded() -> None:
     m = trusted_mirror()
     ticket = m.ticket()
-    m.invalidated([f"k{i}".encode() for i in range(60_000)], 10.1)
+    m.invalidated([f"hmsc:1:{{t:db.k{i}}}:v".encode() for i in range(60_000)], 10.1)
     m.learn(ticket, V, {"table": b"3"})  # its key's invalidation may have been forgotten
     assert len(m) == 0
     m.learn(m.ticket(), V, {"table": b"3"})
     assert len(m) == 1
+
+
+def test_invalidations_of_entries_are_ignored() -> None:
+    # Every fill and expiry of a cached entry under the prefix is announced too: they change
+    # no version, and must not crowd the invalidations remembered for tickets in flight.
+    m = trusted_mirror()
+    m.learn(m.ticket(), V, {"table": b"3"})
+    ticket = m.ticket()
+    m.invalidated([b"hmsc:1:{t:db.t}:e:get_table:00ff", b"hmsc:1:{t:db.t}:p:v:ab"], 10.1)
+    assert m.get({V: ["table"]}) is not None
+    m.learn(ticket, W, {"table": b"1"})
+    assert m.get({W: ["table"]}) is not None
+
+
+def test_a_beat_of_an_earlier_set_of_streams_vouches_for_nothing() -> None:
+    m = trusted_mirror(streams=2)
+    m.expect(BEAT + "old", 1, 10.5)
+    m.reset(2)  # a new topology: stream 1 is another node now
+    m.subscribed(0)
+    m.subscribed(1)
+    m.expect(BEAT + "new0", 0, 10.55)
+    m.invalidated([(BEAT + "new0").encode(), (BEAT + "old").encode()], 10.6)
+    assert not m.trusted(10.7)  # stream 1 has delivered nothing of its own
+    m.expect(BEAT + "new1", 1, 10.65)
+    m.invalidated([(BEAT + "new1").encode()], 10.7)
+    assert m.trusted(10.7)
