@@ -48,14 +48,17 @@ def alter(port: int, sample: Sample, value: str) -> None:
 
 def pair(proxy_factory: ProxyFactory, url: str, *extra: str) -> tuple[ProxyProcess, ProxyProcess]:
     args = ["--redis", url, "--redis-key-prefix", f"trk-{time.monotonic_ns()}:"]
-    lag = ["--redis-tracking-max-lag", str(MAX_LAG)]
+    # A busy machine's Redis replies may take longer than the default 50 ms: not the point.
+    lag = ["--redis-tracking-max-lag", str(MAX_LAG), "--redis-timeout", "1"]
     return proxy_factory(*args, *lag), proxy_factory(*args, *lag, *extra)
 
 
 def test_hits_read_their_versions_in_process(
     hms: MetastoreServer, proxy_factory: ProxyFactory, redis_server: RedisServer, sample: Sample
 ) -> None:
-    proxy = proxy_factory("--redis", redis_server.url, "--redis-key-prefix", "trk-hits:")
+    proxy = proxy_factory(
+        "--redis", redis_server.url, "--redis-key-prefix", "trk-hits:", "--redis-timeout", "1"
+    )
     eventually(lambda: trusted(proxy), what="the invalidation stream delivering")
     read = table_read(sample)
     direct = raw.call(hms.host, hms.port, read)
@@ -164,7 +167,7 @@ def test_a_stalled_stream_sends_hits_to_redis(
 def test_a_flush_of_redis_is_heard(
     hms: MetastoreServer, proxy_factory: ProxyFactory, own_redis: RedisServer, sample: Sample
 ) -> None:
-    proxy = proxy_factory("--redis", own_redis.url)
+    proxy = proxy_factory("--redis", own_redis.url, "--redis-timeout", "1")
     eventually(lambda: trusted(proxy), what="the stream delivering")
     read = table_read(sample)
     for _ in range(3):
