@@ -236,6 +236,7 @@ def build_cache(
             tracking_max_lag=options.redis_tracking_max_lag,
             # The versions are small next to the replies: an eighth of the front's budget.
             mirror_bytes=max(1 << 20, options.memory_cache_bytes // 8),
+            clients=options.max_client_connections,
         )
     else:
         # Seven eighths for the entries, one for the decoded front (see CacheEngine.l1).

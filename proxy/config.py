@@ -364,8 +364,8 @@ class Options:
     upstream_connect_timeout: float = _opt(
         2.0,
         parse_seconds,
-        "seconds to connect to one metastore before trying the next; with the read timeout "
-        "it stays under the engines' 10 s",
+        "seconds to connect to one metastore before trying the next (not how long a call "
+        "waits for a connection at --upstream-max-connections: that is the read timeout)",
         metavar="SECONDS",
     )
     upstream_read_timeout: float = _opt(
@@ -373,13 +373,16 @@ class Options:
         parse_seconds,
         "seconds the metastore may stay silent during a call (like a socket timeout); as "
         "long as Hive's and Spark's client wait, so that the proxy never gives up on a call "
-        "before its client would (a client that gives up sooner, Trino at 10 s, retries)",
+        "before its client would (a client that gives up sooner, Trino at 10 s, retries); "
+        "also how long a call waits its turn for a connection at --upstream-max-connections",
         metavar="SECONDS",
     )
     upstream_max_connections: int = _opt(
         64,
         parse_count,
-        "connections to the metastore at most (Hive's server runs 200 threads by default)",
+        "connections to the metastore at most (Hive's server runs 200 threads by default); "
+        "at the limit a call waits its turn, first come, first served, up to the read "
+        "timeout; reads may hold all but an eighth, the rest is kept for writes",
         metavar="N",
     )
     upstream_max_idle: int = _opt(

@@ -69,6 +69,11 @@ TIMEOUTS_TO_OPEN = 3  # timeouts within a second, outnumbering successes, that o
 # least the version TTL less this, which outlasts the longest entry TTL (see app.py).
 TOUCH_EVERY = 60.0
 TOUCHED_KEYS = 50_000
+# redis-py's pool (fills, bumps, fences) is sized for the operations the proxy runs at once:
+# at most one per client connection it admits, plus its own (the follower, lock fences'
+# follow-ups, retried invalidations). With no client limit, no pool limit either.
+OWN_OPERATIONS = 64
+NO_LIMIT = 2**31 - 1
 
 
 class RedisStore:
@@ -87,9 +92,12 @@ class RedisStore:
         tracking_prefix: str | None = None,
         tracking_max_lag: float = 1.0,
         mirror_bytes: int = 32 << 20,
+        clients: int = 0,
     ) -> None:
         self.url = url
         self.timeout = timeout
+        # --max-client-connections (0: no limit): how many operations may want a connection.
+        self.pool_size = clients + OWN_OPERATIONS if clients else NO_LIMIT
         self.version_ttl = int(version_ttl)
         # Every fence hash lives at least this long: as long as the longest fence it can
         # hold (write or lock), so that setting one never cuts another's life short.
@@ -151,7 +159,20 @@ class RedisStore:
 
     async def _connect(self) -> None:
         limit = max(self.timeout, 1.0)
-        plain = aredis.Redis.from_url(self.url, socket_timeout=limit, socket_connect_timeout=limit)
+        # redis-py's default pools fail "Too many connections" past 100 in use (per node on a
+        # cluster), which, logged as a connection failure, opened the breaker and dropped
+        # the client under load. Sized for the proxy's concurrency, and on a single Redis
+        # blocking besides: a caller waits for a connection rather than fail. Its wait has
+        # no bound of its own: _run's deadline (--redis-timeout) bounds it and counts it as
+        # a timeout (the pool's own "No connection available" would count as Redis down).
+        pool = aredis.BlockingConnectionPool.from_url(
+            self.url,
+            max_connections=self.pool_size,
+            timeout=None,
+            socket_timeout=limit,
+            socket_connect_timeout=limit,
+        )
+        plain = aredis.Redis.from_pool(pool)
         kwargs = dict(plain.connection_pool.connection_kwargs)
         kwargs["connection_class_name"] = plain.connection_pool.connection_class.__name__
         client: Any = plain
@@ -168,8 +189,11 @@ class RedisStore:
                     refused = refusal(self.url, cluster=True) if self.mode == "auto" else None
                     if refused:
                         raise RedisError(f"the server is a Redis Cluster, and {refused}")
-                    client = RedisCluster.from_url(
-                        self.url, socket_timeout=limit, socket_connect_timeout=limit
+                    client = RedisCluster.from_url(  # (its node pools cannot block: sized only)
+                        self.url,
+                        max_connections=self.pool_size,
+                        socket_timeout=limit,
+                        socket_connect_timeout=limit,
                     )
                     await client.initialize()
                     places: list[tuple[str, int] | str] = _slot_owners(client)

@@ -8,11 +8,15 @@
    again (for fills made before the fence was seen) and the fence is lifted.
 3. **An invalidation the store did not take is kept pending**, and this proxy serves no hit
    until it has been applied: the writer never reads its own write stale through it.
-   Beyond :data:`MAX_PENDING`, one flush stands for them all.
+   Beyond :data:`MAX_PENDING`, one flush stands for them all. It is retried in the
+   background at once, with a short backoff (a look-up retries it too): a store that
+   failed under load is usually back within milliseconds, and until then this proxy sends
+   every read to the metastore.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -26,11 +30,19 @@ from proxy.cache.l1 import L1
 from proxy.cache.plan import FLUSH, Bump, WritePlan
 from proxy.cache.store import CacheUnavailable, Store
 from proxy.metrics import Metrics
+from proxy.retry import Backoff
+from proxy.tasks import background
 
 log = logging.getLogger(__name__)
 
 # Invalidations kept while the store is away, at most; beyond, one flush stands for them all.
 MAX_PENDING = 1_000
+
+
+def retry_backoff() -> Backoff:
+    """Between attempts at pending invalidations: from 50 ms, at most a second (a store down
+    for longer has its own breaker; each attempt past it costs nothing)."""
+    return Backoff(base=0.05, cap=1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +83,8 @@ class Invalidations:
         self.writes = 0  # invalidations for writes through this proxy (the follower watches)
         # Invalidations the store did not take yet, with the fence each lifts (if any).
         self.pending: list[tuple[WritePlan, WriteIntent | None]] = []
+        self.retry_backoff = retry_backoff
+        self._retrying: asyncio.Task[None] | None = None
 
     async def settled(self) -> bool:
         """Whether no invalidation is pending (applying those that are, if it can)."""
@@ -129,13 +143,13 @@ class Invalidations:
         if intent is None or plan.flush_all:
             return await self.invalidate(plan, "write")
         if self.pending:
-            self.pending.append((plan, intent))
+            self._keep(plan, intent)
             return await self._apply_pending()
         try:
             await self._apply(plan, intent)
         except CacheUnavailable:
             log.warning("cache: could not apply an invalidation; no cache hits until it is")
-            self.pending.append((plan, intent))
+            self._keep(plan, intent)
             return False
         self._count(plan, "write")
         self._count_lock_ends(intent)
@@ -175,7 +189,20 @@ class Invalidations:
             )
             self.pending = [(FLUSH, None)]
             return
+        self._keep(plan, intent)
+
+    def _keep(self, plan: WritePlan, intent: WriteIntent | None) -> None:
         self.pending.append((plan, intent))
+        if self._retrying is None or self._retrying.done():
+            self._retrying = background(self._retry_pending(), "retrying pending invalidations")
+
+    async def _retry_pending(self) -> None:
+        """Apply the pending invalidations, retrying with backoff until none is left."""
+        backoff = self.retry_backoff()
+        while self.pending:
+            await asyncio.sleep(backoff.failed())
+            if await self._apply_pending():
+                return
 
     def _forget_locally(self, plan: WritePlan) -> None:
         if plan.flush_all and self.l1 is not None:
@@ -195,11 +222,18 @@ class Invalidations:
 
     async def _apply_pending(self) -> bool:
         while self.pending:
+            oldest = self.pending[0]
             try:
-                await self._apply(*self.pending[0])
+                await self._apply(*oldest)
             except CacheUnavailable:
                 return False
-            plan, intent = self.pending.pop(0)
+            # Others may apply pending invalidations meanwhile (look-ups, the retry): what
+            # is removed is the one applied here, not whichever is first by now.
+            place = next((i for i, entry in enumerate(self.pending) if entry is oldest), None)
+            if place is None:
+                continue  # applied and counted by another meanwhile
+            del self.pending[place]
+            plan, intent = oldest
             self._count(plan, "write")
             self._count_lock_ends(intent)
         log.info("cache: pending invalidations applied; serving hits again")

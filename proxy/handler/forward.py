@@ -69,13 +69,21 @@ class Forwarder:
         client: ClientChannel,
         *,
         oneway: bool = False,
+        write: bool = False,
         retries: int = 0,
         keep: OnReply | None = None,
         fallback: Fallback | None = None,
     ) -> str:
         """Send the call upstream and relay the reply to ``client``; returns the outcome."""
         result = await self.call(
-            session, message, client, oneway=oneway, retries=retries, keep=keep, fallback=fallback
+            session,
+            message,
+            client,
+            oneway=oneway,
+            write=write,
+            retries=retries,
+            keep=keep,
+            fallback=fallback,
         )
         assert isinstance(result, str)
         return result
@@ -88,12 +96,14 @@ class Forwarder:
         *,
         hold: bool = False,
         oneway: bool = False,
+        write: bool = False,
         retries: int = 0,
         request: bytes | None = None,
         keep: OnReply | None = None,
         fallback: Fallback | None = None,
     ) -> str | Message:
-        """Send the call upstream (retrying a stale pooled connection up to ``retries``).
+        """Send the call upstream (retrying a stale pooled connection up to ``retries``);
+        ``write``: it may change metadata (the pool keeps connections for writes).
 
         The reply is relayed to ``client`` and the outcome label returned; with ``hold`` it is
         returned whole instead, for the caller to send. Failures are answered to the client
@@ -107,7 +117,7 @@ class Forwarder:
             conn: UpstreamConnection | None = None
             try:
                 async with self.pool.connection(
-                    session.identity, fresh=attempt > 0, pinned=session.pinned
+                    session.identity, fresh=attempt > 0, write=write, pinned=session.pinned
                 ) as conn:
                     return await self._exchange(conn, request, message, relay_to, oneway, keep)
             except UpstreamError as exc:

@@ -99,7 +99,7 @@ class Writes:
             return await self.forwarder.forward(session, message, client, oneway=oneway)
         plan = FLUSH if spec is None else self.cache.plan_write(spec, message)
         if plan.empty:
-            return await self.forwarder.forward(session, message, client, oneway=oneway)
+            return await self.forwarder.forward(session, message, client, oneway=oneway, write=True)
         if spec is not None:
             plan = await self.cache.expand(plan, lambda db: self._list_tables(session, db))
         else:
@@ -110,7 +110,7 @@ class Writes:
         reply = await self._invalidating(
             plan,
             lambda: self.forwarder.call(
-                session, message, client, hold=True, oneway=oneway, request=request
+                session, message, client, hold=True, oneway=oneway, write=True, request=request
             ),
         )
         if isinstance(reply, str):
@@ -134,12 +134,15 @@ class Writes:
         plan = WritePlan()
         if spec is not None and spec.kind is Kind.WRITE:
             plan = self.cache.plan_write(spec, message)
+        # Counted as writes by the pool: an unlock or commit ends fences that send reads to
+        # the metastore, so it must not wait behind those reads.
         if plan.empty:
-            reply = await self.forwarder.call(session, message, client, hold=True)
+            reply = await self.forwarder.call(session, message, client, hold=True, write=True)
         else:
             plan = await self.cache.expand(plan, lambda db: self._list_tables(session, db))
             reply = await self._invalidating(
-                plan, lambda: self.forwarder.call(session, message, client, hold=True)
+                plan,
+                lambda: self.forwarder.call(session, message, client, hold=True, write=True),
             )
         if isinstance(reply, str):  # no answer: the fence holds until its deadline
             return reply
@@ -188,7 +191,7 @@ class Writes:
         try:
             # The _req form: every metastore since 2.3 has it, HMS 4.0.1 no longer get_table.
             request = idl.module().GetTableRequest(dbName=db, tblName=table)
-            reply = await self.pool.ask(session.identity, "get_table_req", req=request)
+            reply = await self.pool.ask_for_write(session.identity, "get_table_req", req=request)
         except UpstreamError:
             return None
         if reply.header.type != MessageType.REPLY:
@@ -197,6 +200,6 @@ class Writes:
 
     async def _list_tables(self, session: SessionState, db: str) -> list[str]:
         """Ask the HMS which tables a database has (before a write drops them)."""
-        reply = await self.pool.ask(session.identity, "get_all_tables", db_name=db)
+        reply = await self.pool.ask_for_write(session.identity, "get_all_tables", db_name=db)
         result = idl.decode_result("get_all_tables", reply.body)
         return list(result.success or [])

@@ -47,6 +47,7 @@ class UpstreamConnection:
     idle_since: float = field(default_factory=time.monotonic)
     pinned: bool = False
     closed: bool = False  # closed by the pool: it no longer counts against the limit
+    held_by_read: bool = False  # in use by a read: counted against the reads' share
 
     @property
     def usable(self) -> bool:

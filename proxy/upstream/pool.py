@@ -12,16 +12,26 @@ it), and every later call on it runs as that user. So the pool is keyed by ident
 
 Connections whose state the proxy cannot reproduce (``setMetaConf``) are pinned to their
 client and closed with it, never pooled.
+
+At ``--upstream-max-connections`` (a protection for the HMS: never more connections open) a
+caller waits its turn, first come, first served, for as long as the call itself may take
+(``--upstream-read-timeout`` for a client's call, the own calls' bound for the proxy's):
+talking to the HMS directly, such a call would have queued on the HMS's thread pool and been
+slow, not failed, so the proxy fails a call for its own limit no sooner than for slowness.
+Reads may hold all but an eighth of the connections; the rest is the writes' (see
+:func:`read_share`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from proxy import idl
@@ -29,7 +39,6 @@ from proxy.config import Endpoint, Options
 from proxy.memo import BoundedMemo
 from proxy.metrics import Metrics
 from proxy.sasl.stream import ByteReader, ByteWriter
-from proxy.tasks import background
 from proxy.tls import upstream_context
 from proxy.upstream.connection import Identity, UpstreamConnection
 from proxy.upstream.errors import (
@@ -56,6 +65,27 @@ UGI_REPLY_BYTES = 4 << 20
 
 # Opens the byte stream to one endpoint (TCP, with TLS if configured; tests pass their own).
 Opener = Callable[[Endpoint], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+
+
+def read_share(limit: int) -> int:
+    """How many of ``limit`` connections reads may hold at once: all but an eighth (and
+    all but one from two connections on; 56 of the default 64).
+
+    Writes get capacity of their own rather than a place at the head of the queue: a write
+    fences its tables, so every read of them goes to the metastore until the write is
+    answered; that is when the pool fills up, with reads the metastore is slow on. At the
+    head of the queue the write would still wait for one of them to finish, prolonging the
+    pile-up it caused and risking its own bound; with a reserve it starts at once."""
+    return max(1, limit - max(1, limit // 8))
+
+
+@dataclass(eq=False)
+class _Waiter:
+    """A caller waiting its turn for a connection."""
+
+    ticket: int  # arrival order
+    write: bool
+    woken: asyncio.Future[None]
 
 
 class UpstreamAuth(Protocol):
@@ -99,8 +129,11 @@ class UpstreamPool:
         self._idle: OrderedDict[Identity | None, deque[UpstreamConnection]] = OrderedDict()
         self._idle_count = 0
         self._open = 0  # idle + in use
-        self._slots = asyncio.Condition()
-        self._waiting = 0  # callers waiting in _reserve_slot for a connection to come back
+        self._read_share = read_share(options.upstream_max_connections)
+        self._reads_held = 0  # connections in use by reads (or being opened for one)
+        # Callers waiting their turn, reads and writes apart, each in arrival order.
+        self._queues: dict[bool, deque[_Waiter]] = {False: deque(), True: deque()}
+        self._tickets = itertools.count()
         self._endpoint_failed_at: dict[Endpoint, float] = {}
         self._down: set[Endpoint] = set()  # endpoints whose last connection attempt failed
         # The HMS's reply to each identity's set_ugi, so a client repeating it can be answered
@@ -114,41 +147,50 @@ class UpstreamPool:
     # -- acquiring and releasing ---------------------------------------------------------
 
     async def acquire(
-        self, identity: Identity | None, *, fresh: bool = False, _retried: bool = False
+        self,
+        identity: Identity | None,
+        *,
+        fresh: bool = False,
+        write: bool = False,
+        patience: float | None = None,
+        _retried: bool = False,
     ) -> UpstreamConnection:
-        """A connection running as ``identity``; ``fresh`` skips pooled ones (after a stale one).
+        """A connection running as ``identity``; ``fresh`` skips pooled ones (after a stale
+        one); ``write``: for a call that may change metadata (it may use every connection,
+        reads all but an eighth).
 
-        At the connection limit it waits (up to ``--upstream-connect-timeout``) for one to
-        come back, and takes it if it runs as ``identity``; otherwise it closes the oldest
-        idle connection and opens its own.
+        At the limit it waits its turn, first come, first served, up to ``patience`` seconds
+        (``--upstream-read-timeout`` unless told: the bound of the call it is for), then
+        raises UpstreamUnavailable. Its turn come, it takes an idle connection running as
+        ``identity``, or else closes the oldest idle connection and opens its own.
         """
-        deadline = time.monotonic() + self.options.upstream_connect_timeout
+        patience = self.timeouts.read if patience is None else patience
+        deadline = time.monotonic() + patience
         if self.auth is not None:
             await self.auth.prepare(identity)
-        while True:
-            if not fresh:
-                conn = self._take_idle(identity)
-                if conn is not None:
-                    return conn
-                if self._can_bind(identity):
-                    anonymous = self._take_idle(None)
-                    if anonymous is not None:
-                        return await self._bind(anonymous, identity)  # type: ignore[arg-type]
-            if await self._reserve_slot(deadline, identity, fresh=fresh):
-                break
+        idle = await self._wait_turn(identity, fresh, write, deadline, patience)
+        if idle is not None:
+            if idle.identity is None and identity is not None:
+                return await self._bind(idle, identity)  # an anonymous one, bound by set_ugi
+            return idle
+        # A slot is counted for a new connection.
         try:
             conn = await self._connect(identity)
         except UpstreamAuthFailed as exc:
-            await self._free_slot()
+            self._free_slot(write=write)
             if not exc.retry or _retried:
                 raise
             # E.g. a delegation token the HMS forgot: a new one is fetched (on a connection of
             # the proxy's own, so not while this slot is held), then one more try.
             log.info("metastore refused a connection (%s); trying once more", exc)
-            return await self.acquire(identity, fresh=True, _retried=True)
+            left = max(0.0, deadline - time.monotonic())
+            return await self.acquire(
+                identity, fresh=True, write=write, patience=left, _retried=True
+            )
         except BaseException:
-            await self._free_slot()
+            self._free_slot(write=write)
             raise
+        conn.held_by_read = not write
         if identity is not None and identity.binds_by_set_ugi:
             return await self._bind(conn, identity)
         conn.identity = identity
@@ -166,15 +208,18 @@ class UpstreamPool:
         identity: Identity | None,
         *,
         fresh: bool = False,
+        write: bool = False,
+        patience: float | None = None,
         pinned: UpstreamConnection | None = None,
     ) -> AsyncIterator[UpstreamConnection]:
         """A connection for one exchange: given back afterwards, or closed if the exchange
         failed in any way (its reply may be half read: it cannot serve anyone else).
+        ``write`` and ``patience`` as for :meth:`acquire`.
 
         ``pinned``: the client's own connection, used instead of a pooled one; it is closed
         the same way on failure (its owner sees ``conn.closed``).
         """
-        conn = pinned or await self.acquire(identity, fresh=fresh)
+        conn = pinned or await self.acquire(identity, fresh=fresh, write=write, patience=patience)
         try:
             yield conn
         except BaseException:
@@ -187,6 +232,7 @@ class UpstreamPool:
         conn.calls += 1
         if conn.pinned or conn.closed:
             return
+        self._unhold(conn)
         if not reusable or self._closed or not conn.usable or conn.replies.buffered:
             self._discard(conn)
             return
@@ -201,8 +247,7 @@ class UpstreamPool:
         while self._idle_count > self.options.upstream_max_idle:
             self._discard(self._pop_oldest_idle())
         self._update_gauges()
-        if self._waiting:  # at the limit, someone waits for exactly this
-            background(self._notify_slot(), "waking a caller waiting for a connection")
+        self._wake_next()
 
     def discard(self, conn: UpstreamConnection) -> None:
         """Close a connection that failed or is out of step; it never goes back to the pool."""
@@ -257,53 +302,116 @@ class UpstreamPool:
     def _discard(self, conn: UpstreamConnection) -> None:
         if conn.closed:
             return  # once only: it stopped counting against the limit the first time
+        self._unhold(conn)
         conn.close()
         self._open -= 1
         self._update_gauges()
-        background(self._notify_slot(), "waking a caller waiting for a connection")
+        self._wake_next()
 
-    async def _notify_slot(self) -> None:
-        async with self._slots:
-            self._slots.notify()
+    # -- waiting one's turn ------------------------------------------------------------------
 
-    async def _reserve_slot(
-        self, deadline: float, identity: Identity | None, *, fresh: bool
-    ) -> bool:
-        """Count a new connection against the limit (``True``), closing the oldest idle one
-        if need be; or wait for a connection to come back (``False``: look at the idle ones
-        again, one may be of the caller's identity, unless it wants a ``fresh`` one)."""
-        limit = self.options.upstream_max_connections
-        async with self._slots:
-            if self._open >= limit and not fresh and self._usable_idle(identity):
-                return False  # one came back while this caller waited for the lock: take it
-            if self._open >= limit and not self._idle_count:
+    async def _wait_turn(
+        self,
+        identity: Identity | None,
+        fresh: bool,
+        write: bool,
+        deadline: float,
+        patience: float,
+    ) -> UpstreamConnection | None:
+        """Wait for this caller's turn (until ``deadline``, ``patience`` seconds after it
+        asked), then take what :meth:`_take` gives. A newcomer queues behind every waiter
+        that could take what it would."""
+        waiter: _Waiter | None = None
+        try:
+            while True:
+                if waiter is not None:  # wakes from here on are kept for the wait below
+                    waiter.woken = asyncio.get_running_loop().create_future()
+                if self._may_take(waiter, write):
+                    return self._take(identity, fresh=fresh, write=write)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise UpstreamUnavailable(f"all {limit} metastore connections busy")
-                self._waiting += 1
-                try:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._slots.wait(), remaining)
-                finally:
-                    self._waiting -= 1
-                return False
-            if self._open >= limit:
-                self._pop_oldest_idle().close()
-                self._open -= 1
-            self._open += 1
-        self._update_gauges()
-        return True
+                    raise self._busy(write, patience)
+                if waiter is None:
+                    waiter = self._enqueue(write)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waiter.woken, remaining)
+        finally:
+            if waiter is not None:
+                self._queues[waiter.write].remove(waiter)
+                self._wake_next()  # its turn, if it had come, passes on
 
-    def _usable_idle(self, identity: Identity | None) -> bool:
-        """Whether an idle connection that ``identity`` would take exists."""
-        return bool(self._idle.get(identity)) or (
-            self._can_bind(identity) and bool(self._idle.get(None))
+    def _enqueue(self, write: bool) -> _Waiter:
+        future = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(next(self._tickets), write, future)
+        self._queues[write].append(waiter)
+        return waiter
+
+    def _room(self, write: bool) -> bool:
+        """Whether a caller of this kind could take a connection now (an idle one, a slot
+        left, or a slot made by closing an idle connection of another identity)."""
+        full = self._open >= self.options.upstream_max_connections and not self._idle_count
+        return not full and (write or self._reads_held < self._read_share)
+
+    def _first_in_line(self) -> _Waiter | None:
+        """The earliest waiter that could take a connection now."""
+        heads = [q[0] for write, q in self._queues.items() if q and self._room(write)]
+        return min(heads, key=lambda w: w.ticket, default=None)
+
+    def _may_take(self, waiter: _Waiter | None, write: bool) -> bool:
+        """Whether it is the turn of ``waiter`` (or of a newcomer: ``None``)."""
+        return self._room(write) and self._first_in_line() is waiter
+
+    def _wake_next(self) -> None:
+        """Room may have come: wake the waiter whose turn it is (once it has taken its
+        connection, it wakes the next)."""
+        first = self._first_in_line()
+        if first is not None and not first.woken.done():
+            first.woken.set_result(None)
+
+    def _take(
+        self, identity: Identity | None, *, fresh: bool, write: bool
+    ) -> UpstreamConnection | None:
+        """For the caller whose turn it is (there is room): an idle connection running as
+        ``identity`` (or an anonymous one to bind), unless it wants a ``fresh`` one; or
+        ``None``: a slot counted for a new connection, made by closing the oldest idle
+        connection if the limit is reached."""
+        if not write:
+            self._reads_held += 1
+        conn = None if fresh else self._take_idle(identity)
+        if conn is None and not fresh and self._can_bind(identity):
+            conn = self._take_idle(None)
+        if conn is not None:
+            conn.held_by_read = not write
+            return conn
+        if self._open >= self.options.upstream_max_connections:
+            self._pop_oldest_idle().close()
+            self._open -= 1
+        self._open += 1
+        self._update_gauges()
+        return None
+
+    def _busy(self, write: bool, patience: float) -> UpstreamUnavailable:
+        limit = self.options.upstream_max_connections
+        if not self._room(write=True):  # every connection in use
+            return UpstreamUnavailable(f"all {limit} metastore connections busy for {patience:g} s")
+        return UpstreamUnavailable(
+            f"all {self._read_share} metastore connections reads may hold (of {limit}) busy "
+            f"for {patience:g} s"
         )
 
-    async def _free_slot(self) -> None:
+    def _unhold(self, conn: UpstreamConnection) -> None:
+        """``conn`` is no longer in use by a read: one more read may take a connection."""
+        if conn.held_by_read:
+            conn.held_by_read = False
+            self._reads_held -= 1
+
+    def _free_slot(self, *, write: bool) -> None:
+        """A slot counted for a new connection that was not opened after all."""
         self._open -= 1
+        if not write:
+            self._reads_held -= 1
         self._update_gauges()
-        await self._notify_slot()
+        self._wake_next()
 
     def _endpoint_order(self) -> list[Endpoint]:
         """Configured order, passing over endpoints that failed recently (all, if all did)."""
@@ -400,10 +508,29 @@ class UpstreamPool:
         **args: object,
     ) -> Message:
         """One call of the proxy's own on a pooled connection running as ``identity``, its
-        whole reply (raises UpstreamError); ``timeout`` defaults to ``Timeouts.own_call``."""
+        whole reply (raises UpstreamError); ``timeout`` defaults to ``Timeouts.own_call``,
+        and bounds the wait for a connection too."""
+        return await self._ask(identity, method, timeout, False, args)
+
+    async def ask_for_write(
+        self, identity: Identity | None, method: str, /, **args: object
+    ) -> Message:
+        """As :meth:`ask`, for a call a write needs before it is forwarded (it may take the
+        connections kept for writes)."""
+        return await self._ask(identity, method, None, True, args)
+
+    async def _ask(
+        self,
+        identity: Identity | None,
+        method: str,
+        timeout: float | None,
+        write: bool,
+        args: dict[str, object],
+    ) -> Message:
         request = idl.encode_call(method, 0, **args)
-        async with self.connection(identity) as conn:
-            return await exchange(conn, request, method, 0, timeout or self.timeouts.own_call)
+        bound = timeout or self.timeouts.own_call
+        async with self.connection(identity, write=write, patience=bound) as conn:
+            return await exchange(conn, request, method, 0, bound)
 
     async def probe(self) -> bool:
         """Does a metastore answer a call now? (fb303 ``getStatus``, for readiness.)"""

@@ -12,6 +12,7 @@ from proxy.cache.engine import CacheEngine, Result
 from proxy.cache.plan import Bump
 from proxy.cache.store import CacheUnavailable, MemoryStore
 from proxy.metrics import Metrics
+from proxy.retry import Backoff
 from proxy.wire.binary import MessageType, encode_header, parse_header
 from proxy.wire.framing import Message
 from tests.unit.scripted_hms import until
@@ -134,6 +135,60 @@ def test_an_invalidation_the_store_missed_blocks_hits_until_applied() -> None:
         store.down = False
         # The store is back with the old entry still in it: the pending bump goes first.
         assert (await e.lookup(GET_TABLE)).result is Result.MISS
+
+    asyncio.run(run())
+
+
+class BusyStore(FlakyStore):
+    """Refuses its next ``failures`` bumps (a store late under load), takes a turn over
+    each (as a store across a network does), and keeps the keys of those it took."""
+
+    def __init__(self, failures: int = 0) -> None:
+        super().__init__()
+        self.failures = failures
+        self.attempts = 0
+        self.bumped: list[str] = []
+
+    async def bump(self, bumps: Sequence[Bump]) -> None:
+        self.attempts += 1
+        await asyncio.sleep(0)
+        if self.failures:
+            self.failures -= 1
+            raise CacheUnavailable("busy")
+        await super().bump(bumps)
+        self.bumped += [b.key for b in bumps]
+
+
+ALTER_U = write_plan(
+    "alter_table", dbname="db", tbl_name="u", new_tbl=M.Table(tableName="u", dbName="db")
+)
+
+
+def test_an_invalidation_the_store_refused_is_retried_without_a_look_up() -> None:
+    async def run() -> None:
+        store = BusyStore(failures=3)
+        e = engine(store)
+        e.invalidations.retry_backoff = lambda: Backoff(base=0.0, cap=0.0)  # no waiting here
+        assert not await e.invalidate(ALTER, "write")  # kept pending
+        await until(lambda: not e.invalidations.pending, "the pending invalidation applied")
+        assert store.attempts == 4  # three refused, one taken, and none asked by a look-up
+        assert (await e.lookup(GET_TABLE)).result is Result.MISS  # hits no longer bypassed
+
+    asyncio.run(run())
+
+
+def test_look_ups_applying_pending_invalidations_at_once_lose_none() -> None:
+    async def run() -> None:
+        store = BusyStore()
+        e = engine(store)
+        e.invalidations.retry_backoff = lambda: Backoff(base=3600.0, cap=3600.0)  # not now
+        store.down = True
+        assert not await e.invalidate(ALTER, "write")
+        assert not await e.invalidate(ALTER_U, "write")
+        store.down = False
+        assert all(await asyncio.gather(*(e.invalidations.settled() for _ in range(3))))
+        assert not e.invalidations.pending
+        assert {b.key for b in ALTER.bumps + ALTER_U.bumps} <= set(store.bumped)
 
     asyncio.run(run())
 

@@ -15,7 +15,7 @@ from proxy.handler import ClientGone, SessionState
 from proxy.metrics import Metrics
 from proxy.upstream import Identity, UpstreamPool, UpstreamUnavailable
 from tests.unit.inprocess import Client, options, request, rig
-from tests.unit.scripted_hms import HANG_UP, ScriptedHMS, Split, table, until
+from tests.unit.scripted_hms import HANG_UP, ScriptedHMS, Slow, Split, table, until
 
 DB, T = "db", "t"
 
@@ -52,7 +52,7 @@ def test_at_the_limit_a_caller_waits_for_a_connection_to_come_back() -> None:
     async def run() -> None:
         async with pool_on(upstream_max_connections=2, upstream_max_idle=2) as (pool, hms):
             a = await pool.acquire(None)
-            b = await pool.acquire(None)
+            b = await pool.acquire(None, write=True)  # (reads may hold only one of two)
             third = asyncio.create_task(pool.acquire(None))
             assert not await done_after_turns(third)  # it waits: no third connection is opened
             assert len(hms.connections) == 2
@@ -65,16 +65,104 @@ def test_at_the_limit_a_caller_waits_for_a_connection_to_come_back() -> None:
     asyncio.run(run())
 
 
-def test_at_the_limit_with_none_coming_back_a_caller_is_told_all_are_busy() -> None:
+def test_a_caller_waiting_longer_than_the_read_timeout_is_told_all_are_busy() -> None:
+    """The call's own bound, --upstream-read-timeout, is how long a caller waits its turn
+    (the connect timeout, 2 s here, is not)."""
+
+    async def run() -> None:
+        async with pool_on(
+            upstream_max_connections=1, upstream_max_idle=1, upstream_read_timeout=0.3
+        ) as (pool, hms):
+            held = await pool.acquire(None)
+            busy = "all 1 metastore connections busy for 0.3 s"
+            with pytest.raises(UpstreamUnavailable, match=busy):
+                await pool.acquire(None)
+            with pytest.raises(UpstreamUnavailable, match=busy):
+                await pool.acquire(None, write=True)
+            assert len(hms.connections) == 1
+            pool.release(held, reusable=True)
+
+    asyncio.run(run())
+
+
+def test_a_waiter_is_not_failed_after_the_connect_timeout_while_connections_are_busy() -> None:
     async def run() -> None:
         async with pool_on(
             upstream_max_connections=1, upstream_max_idle=1, upstream_connect_timeout=0.05
         ) as (pool, hms):
             held = await pool.acquire(None)
-            with pytest.raises(UpstreamUnavailable, match="all 1 metastore connections busy"):
-                await pool.acquire(None)
+            waiter = asyncio.create_task(pool.acquire(None))
+            await asyncio.sleep(0.2)  # four connect timeouts: the scenario, not a bound
+            assert not waiter.done()  # still waiting its turn, not failed as busy
+            pool.release(held, reusable=True)
+            assert await waiter is held
             assert len(hms.connections) == 1
             pool.release(held, reusable=True)
+
+    asyncio.run(run())
+
+
+def test_waiters_are_served_in_arrival_order_and_newcomers_do_not_overtake() -> None:
+    async def run() -> None:
+        async with pool_on(upstream_max_connections=1, upstream_max_idle=1) as (pool, hms):
+            served: list[str] = []
+
+            async def call(name: str) -> None:
+                conn = await pool.acquire(None)
+                served.append(name)
+                await asyncio.sleep(0)  # the call
+                pool.release(conn, reusable=True)
+
+            held = await pool.acquire(None)
+            waiters = []
+            for name in ("first", "second", "third"):
+                waiters.append(asyncio.create_task(call(name)))
+                assert not await done_after_turns(waiters[-1])  # queued before the next
+            pool.release(held, reusable=True)
+            # Arrives as the connection comes back, before the first waiter has run.
+            waiters.append(asyncio.create_task(call("newcomer")))
+            await asyncio.gather(*waiters)
+            assert served == ["first", "second", "third", "newcomer"]
+            assert len(hms.connections) == 1
+
+    asyncio.run(run())
+
+
+def test_a_write_finds_a_connection_when_slow_reads_hold_all_they_may() -> None:
+    """Reads may hold 7 of 8 connections: the eighth is the writes', so a write arriving
+    while the metastore is slow on every read goes through at once; the reads waiting
+    their turn get theirs when reads come back."""
+
+    async def run() -> None:
+        async with rig(
+            upstream_max_connections=8,
+            upstream_max_idle=8,
+            upstream_connect_timeout=0.05,
+            upstream_read_timeout=5,
+        ) as r:
+            names = [f"t{i}" for i in range(9)]
+            for name in names:
+                r.hms.add_table(DB, name)
+            slow = Slow()
+            r.hms.script("get_table", *[slow] * len(names))
+            reads = [
+                asyncio.create_task(
+                    r.call(SessionState(f"r{i}"), "get_table", dbname=DB, tbl_name=n)
+                )
+                for i, n in enumerate(names)
+            ]
+            await until(lambda: r.hms.calls["get_table"] >= 7, "seven reads at the metastore")
+            assert not await done_after_turns(reads[0])
+            new = table(DB, "t0", v="2")
+            reply = await r.call(
+                SessionState("w"), "alter_table", 2, dbname=DB, tbl_name="t0", new_tbl=new
+            )
+            assert reply == r.hms.answer("alter_table", 2, dbname=DB, tbl_name="t0", new_tbl=new)
+            assert not any(read.done() for read in reads)  # the reads were still held
+            slow.gate.set()
+            for read in reads:
+                await read
+            assert len(r.hms.connections) <= 8
 
     asyncio.run(run())
 
@@ -222,15 +310,15 @@ def test_a_caller_waiting_for_the_pools_lock_takes_a_connection_of_its_own_that_
     """Commit 3749bda: at the connection limit, a caller that found no idle connection and
     then waited for the pool's lock (another caller held it: under CPU load, a woken waiter
     re-taking it) closed the idle connection of its own identity that had come back
-    meanwhile, and opened a new one."""
+    meanwhile, and opened a new one. The pool has no lock since (a waiter's turn is a place
+    in a queue, and taking a connection never awaits); what the fix guarded still holds."""
 
     async def run() -> None:
         async with pool_on(upstream_max_connections=1, upstream_max_idle=1) as (pool, hms):
             conn = await pool.acquire(None)
-            async with pool._slots:  # another caller holds the pool's lock
-                waiter = asyncio.create_task(pool.acquire(None))
-                assert not await done_after_turns(waiter)  # no idle connection: waits for the lock
-                pool.release(conn, reusable=True)  # meanwhile, the connection comes back
+            waiter = asyncio.create_task(pool.acquire(None))
+            assert not await done_after_turns(waiter)  # no idle connection: waits its turn
+            pool.release(conn, reusable=True)  # meanwhile, the connection comes back
             got = await waiter
             assert got is conn
             assert len(hms.connections) == 1 and not hms.connections[0].closed
@@ -245,7 +333,7 @@ def test_a_client_hanging_up_mid_reply_frees_the_metastore_connections_slot() ->
 
     async def run() -> None:
         async with rig(
-            upstream_max_connections=1, upstream_max_idle=1, upstream_connect_timeout=0.2
+            upstream_max_connections=1, upstream_max_idle=1, upstream_read_timeout=2
         ) as r:
             r.hms.add_table(DB, T)
             r.hms.add_table(DB, "u")

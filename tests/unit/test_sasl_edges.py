@@ -416,13 +416,14 @@ def test_plain_layer_is_the_default_for_a_relayed_token() -> None:
 def test_a_refused_token_is_replaced_without_holding_a_connection_slot() -> None:
     """At the connection limit, fetching a user's new token needs a connection of the
     proxy's own: the refused connection's slot is given back first (else the fetch would
-    wait for a slot the caller itself holds, and fail as 'busy')."""
+    wait for a slot the caller itself holds, and fail as 'busy'). Three connections, of
+    which reads may hold two."""
 
     async def run() -> None:
         hms = ScriptedHMS()
         options = load(
-            {"upstream": "thrift://hms:9083", "upstream_max_connections": "2",
-             "upstream_max_idle": "2", "upstream_connect_timeout": "1"},
+            {"upstream": "thrift://hms:9083", "upstream_max_connections": "3",
+             "upstream_max_idle": "3", "upstream_read_timeout": "1"},
             {},
             None,
         )  # fmt: skip
