@@ -703,6 +703,22 @@ def report(args: argparse.Namespace, rig: Rig, r: dict[str, Any], log_offset: in
         f"Calls the proxy sent to the HMS: {upstream:,.0f} ({upstream / window:,.1f}/s);"
         f" HMS CPU per upstream call {hms_cpu / max(upstream, 1) * 1000:.1f} ms."
     )
+    reads_up = sum(
+        delta(r, n, **dict(labels))
+        for (n, labels) in r["after"]
+        if n == "hmsproxy_upstream_requests_total" and _cacheable(dict(labels)["method"])
+    )
+    writes = sum(res["writes"] for res in results)
+    shared = sum(
+        delta(r, n, **dict(labels))
+        for (n, labels) in r["after"]
+        if n == "hmsproxy_shared_reads_total"
+    )
+    out.append(
+        f"Reads the proxy sent to the HMS: {reads_up:,.0f}, {reads_up / max(writes, 1):,.1f} per"
+        f" write ({writes:,} writes; with --adhoc 0 every one of them is a write's doing: the"
+        f" reads its invalidation causes); fenced reads answered by a shared call: {shared:,.0f}."
+    )
     out.append(
         f"Also: warm-up errors {warm_errors}; reconnects of long-lived connections {reconnects};"
         f" the proxy's hmsproxy_client_errors_total +{client_errors:.0f},"
@@ -938,3 +954,10 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _cacheable(method: str) -> bool:
+    from proxy import catalog
+
+    spec = catalog.lookup(method)
+    return spec is not None and spec.kind is catalog.Kind.CACHEABLE_READ
