@@ -952,12 +952,12 @@ def main() -> None:
     print(f"\n(proxy log: {rig.proxy.log_path})")
 
 
-if __name__ == "__main__":
-    main()
-
-
 def _cacheable(method: str) -> bool:
     from proxy import catalog
 
     spec = catalog.lookup(method)
     return spec is not None and spec.kind is catalog.Kind.CACHEABLE_READ
+
+
+if __name__ == "__main__":
+    main()
