@@ -107,7 +107,7 @@ class Proxy:
         proxy.kerberos = kerberos
         proxy.admin = AdminServer(options, service, proxy.readiness_checks, listing)
         admin = proxy.admin
-        proxy.http.readiness = lambda: (admin.ready, admin.last_checks)
+        proxy.http.readiness = lambda: (admin.ready, admin.shown_checks())
         return proxy
 
     async def readiness_checks(self) -> dict[str, str]:

@@ -120,7 +120,8 @@ def test_http_health_for_kubernetes_probes(
     assert b"redis=ok" in get(proxy, "/readyz")[2]
     own_redis.stop()
     # Still ready (--ready-without-redis on), and it says Redis is down.
-    eventually(lambda: b"redis=degraded" in get(proxy, "/readyz")[2])
+    down = b"redis=down (degraded: serving from the metastore)"
+    eventually(lambda: down in get(proxy, "/readyz")[2])
     assert get(proxy, "/readyz")[0] == 200
     eventually(lambda: "redis=down (degraded: serving from the metastore)" in proxy.log())
 
