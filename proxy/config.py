@@ -345,8 +345,9 @@ class Options:
     upstream_connect_timeout: float = _opt(
         2.0,
         parse_seconds,
-        "seconds to connect to one metastore before trying the next; with the read timeout "
-        "it stays under the engines' 10 s",
+        "seconds to connect to one metastore before trying the next, and the longest a "
+        "call waits for a free connection at --upstream-max-connections before failing "
+        "'busy'; keep engines' connect timeouts above it times the URIs that may be down",
         metavar="SECONDS",
     )
     upstream_read_timeout: float = _opt(
