@@ -170,6 +170,23 @@ class Sample:
     upstream: float = 0.0  # hmsproxy_upstream_requests_total
     cache_errors: float = 0.0  # hmsproxy_cache_errors_total
     failed: float = 0.0  # calls answered with an error by the proxy (not user errors)
+    # hmsproxy_memo_bytes by memo: what the proxy keeps in process by its own count (the
+    # cache's contents are "cache"; the others are the bounded memos of proxy.memo).
+    memo_bytes: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def memos(self) -> float:
+        """Bytes in the memos other than the cache's contents (-1: not known)."""
+        if not self.memo_bytes:
+            return -1.0
+        return sum(v for name, v in self.memo_bytes.items() if name != "cache")
+
+    @property
+    def unexplained(self) -> float | None:
+        """RSS beyond the cache's contents and the memos: what must stay flat."""
+        if self.cache_bytes < 0 or self.memos < 0:
+            return None
+        return self.rss - self.cache_bytes - self.memos
 
 
 @dataclass
@@ -223,6 +240,11 @@ class Rig:
             failed=requests
             - total("hmsproxy_requests_total", outcome="ok")
             - total("hmsproxy_requests_total", outcome="user_error"),
+            memo_bytes={
+                dict(labels)["memo"]: v
+                for (n, labels), v in metrics.items()
+                if n == "hmsproxy_memo_bytes"
+            },
         )
 
 
@@ -777,8 +799,8 @@ def timeline(args: argparse.Namespace, samples: list[Sample]) -> list[str]:
     step = 60.0 if args.duration >= 300 else 10.0
     out = [
         "| from s | calls/s | sent to HMS/s | failed calls | cache store errors | RSS MB"
-        " | cache MB |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        " | cache MB | memos MB | rest MB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     prev = samples[0]
     for s in samples[1:]:
@@ -786,10 +808,13 @@ def timeline(args: argparse.Namespace, samples: list[Sample]) -> list[str]:
             continue
         span = max(1e-9, s.at - prev.at)
         cache = f"{s.cache_bytes / MB:.1f}" if s.cache_bytes >= 0 else "-"
+        memos = f"{s.memos / MB:.1f}" if s.memos >= 0 else "-"
+        rest = f"{s.unexplained / MB:.1f}" if s.unexplained is not None else "-"
         out.append(
             f"| {prev.at:.0f} | {(s.requests - prev.requests) / span:,.0f}"
             f" | {(s.upstream - prev.upstream) / span:,.1f} | {s.failed - prev.failed:,.0f}"
-            f" | {s.cache_errors - prev.cache_errors:,.0f} | {s.rss / MB:.1f} | {cache} |"
+            f" | {s.cache_errors - prev.cache_errors:,.0f} | {s.rss / MB:.1f} | {cache}"
+            f" | {memos} | {rest} |"
         )
         prev = s
     return out
@@ -850,15 +875,50 @@ def check_classes(
     return out
 
 
+WARM_UP = 300.0  # seconds of a long run whose memory growth is the warm-up's, not a leak's
+# Flat: what the caches and memos do not explain grows less than this after the warm-up
+# (3 MB in 30 minutes). A 1 MB/min rule called 20 MB in 30 minutes flat.
+FLAT_MB_PER_MINUTE = 0.1
+
+
+def memos_line(samples: list[Sample]) -> str:
+    """Each memo's bytes at the start and the end of the window, by its own count."""
+    first, last = samples[0], samples[-1]
+    names = sorted(set(first.memo_bytes) | set(last.memo_bytes))
+    start, end = first.memo_bytes, last.memo_bytes
+    each = ", ".join(f"{n} {start.get(n, 0) / MB:.1f} -> {end.get(n, 0) / MB:.1f}" for n in names)
+    return f"In-process memos, start -> end (MB, hmsproxy_memo_bytes): {each}."
+
+
+def soak_verdict(points: list[tuple[float, float]], with_memos: bool, under_limit: bool) -> str:
+    beyond = "the cache's contents and the memos" if with_memos else "the cache's contents"
+    slope = slope_mb_per_minute(points)
+    if abs(slope) < FLAT_MB_PER_MINUTE and under_limit:
+        return (
+            f"Soak verdict: memory flat (beyond {beyond}, which their budgets bound:"
+            f" {slope:+.2f} MB/min after the warm-up, under {FLAT_MB_PER_MINUTE} MB/min; peak"
+            " under the limit)."
+        )
+    return (
+        f"Soak verdict: **memory NOT flat**: beyond {beyond}, {slope:+.2f} MB/min after the"
+        f" warm-up{'' if under_limit else ', and the peak is over the limit'}"
+        " (PYTHONPATH=bench/memprobe tells a leak from memory the allocators keep free)."
+    )
+
+
 def memory_section(args: argparse.Namespace, r: dict[str, Any], samples: list[Sample]) -> list[str]:
     budget = parse_size(args.memory_cache_bytes)
     idle = r["idle_rss"]
     peak = max(r["hwm"], max(s.rss for s in samples))
     points = [(s.at, float(s.rss)) for s in samples]
     half = [p for p in points if p[0] >= samples[-1].at / 2]
-    # What the cache's own contents do not explain: the memory that must stay flat.
+    # What the cache's own contents do not explain; then what neither they nor the memos
+    # (bounded, and counted by the proxy) explain: the memory that must stay flat.
     rest = [(s.at, float(s.rss - s.cache_bytes)) for s in samples if s.cache_bytes >= 0]
     rest_half = [p for p in rest if p[0] >= samples[-1].at / 2]
+    unexplained = [(s.at, s.unexplained) for s in samples if s.unexplained is not None]
+    left_half = [p for p in unexplained if p[0] >= samples[-1].at / 2]
+    left_warm = [p for p in unexplained if p[0] >= WARM_UP]
     out = [
         f"Proxy memory: RSS idle {idle / MB:.0f} MB, peak {peak / MB:.0f} MB (VmHWM),"
         f" limit idle + --memory-cache-bytes = {(idle + budget) / MB:.0f} MB:"
@@ -869,19 +929,25 @@ def memory_section(args: argparse.Namespace, r: dict[str, Any], samples: list[Sa
         f" the proxy's cache held {r['entries']:,} entries, {r['cache_bytes'] / MB:.1f} MB"
         " at the end.",
     ]
-    if args.soak or args.duration >= 300:
-        flat = abs(slope_mb_per_minute(rest_half)) < 1.0 and peak <= idle + budget
+    if unexplained:
         out.append("")
+        out.append(memos_line(samples))
         out.append(
-            "Soak verdict: "
+            f"RSS beyond the cache's contents and the memos: {unexplained[0][1] / MB:.1f} MB"
+            f" at the start, {unexplained[-1][1] / MB:.1f} MB at the end; slope"
+            f" {slope_mb_per_minute(unexplained):+.2f} MB/min over the window,"
+            f" {slope_mb_per_minute(left_half):+.2f} MB/min over its second half"
             + (
-                "memory flat (beyond the cache's contents, which its budget bounds: second-half"
-                " slope under 1 MB/min; peak under the limit)."
-                if flat
-                else "**memory NOT flat** (see the slope and the limit above)."
+                f", {slope_mb_per_minute(left_warm):+.2f} MB/min after the first {WARM_UP:.0f} s"
+                if len(left_warm) >= 2
+                else ""
             )
-            + " RSS per minute: see the timeline above."
+            + "."
         )
+    if args.soak or args.duration >= 300:
+        out.append("")
+        after_warm_up = left_warm or left_half or rest_half  # whichever the run allows
+        out.append(soak_verdict(after_warm_up, bool(unexplained), peak <= idle + budget))
     return out
 
 

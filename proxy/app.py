@@ -20,6 +20,7 @@ from proxy.cache.engine import CacheEngine
 from proxy.cache.keys import Naming
 from proxy.cache.plan import Planner, Ttls
 from proxy.cache.redis_store import RedisStore
+from proxy.cache.resp import encoded_footprint
 from proxy.cache.store import MemoryStore, Store
 from proxy.config import Options, option_warnings
 from proxy.follower import NotificationFollower
@@ -95,6 +96,13 @@ class Proxy:
             follower = NotificationFollower(options, cache, pool, metrics)
         if cache is not None:
             cache.serve_iceberg = iceberg_policy(options, follower)
+        metrics.watch_memos(
+            {
+                "redis_commands": encoded_footprint(),
+                "set_ugi_replies": pool.ugi_replies_footprint(),
+                **(cache.memos() if cache is not None else {}),
+            }
+        )
         proxy = cls(
             options,
             metrics,
@@ -109,7 +117,7 @@ class Proxy:
         proxy.kerberos = kerberos
         proxy.admin = AdminServer(options, service, proxy.readiness_checks, listing)
         admin = proxy.admin
-        proxy.http.readiness = lambda: (admin.ready, admin.last_checks)
+        proxy.http.readiness = lambda: (admin.ready, admin.shown_checks())
         return proxy
 
     async def readiness_checks(self) -> dict[str, str]:

@@ -11,14 +11,18 @@ rest, and what is that big is rare enough to recompute).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 # What a small item costs beyond the bytes it is made of (dict slot, tuple, object headers).
 ITEM_OVERHEAD = 160
+
+# (entries, bytes) a memo holds now, by its own count: what /metrics reports for each memo
+# (hmsproxy_memo_bytes), so that a soak can tell the memos' growth from a leak.
+Footprint = Callable[[], tuple[int, int]]
 
 
 class BoundedMemo(Generic[K, V]):
@@ -79,3 +83,8 @@ class BoundedMemo(Generic[K, V]):
     def clear(self) -> None:
         self._items.clear()
         self.bytes = 0
+
+
+def footprint_of(*memos: BoundedMemo[Any, Any]) -> Footprint:
+    """The memos' entries and bytes together (read from any thread: two ints)."""
+    return lambda: (sum(len(m) for m in memos), sum(m.bytes for m in memos))

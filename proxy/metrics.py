@@ -13,12 +13,14 @@ histograms likewise appear with a method's first call.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from proxy import __version__, bridge, catalog
+from proxy.memo import Footprint
 
 # From a sub-millisecond cache hit to a miss that runs into the engines' 10 s read timeout.
 LATENCY_BUCKETS = (
@@ -100,6 +102,41 @@ class _PerMethod(_Children):
                     other.labels(method)
             child = super().labels(*values)
         return child
+
+
+class _Memos:
+    """``hmsproxy_memo_bytes`` and ``hmsproxy_memo_entries``: read from each memo when
+    scraped (in the scrape's worker thread: each footprint reads a few ints), so the request
+    path pays nothing for them."""
+
+    def __init__(self) -> None:
+        self.footprints: dict[str, Footprint] = {}
+
+    def describe(self) -> list[Metric]:
+        return list(self._families())
+
+    def collect(self) -> list[Metric]:
+        size, count = self._families()
+        for name, footprint in sorted(self.footprints.items()):
+            entries, nbytes = footprint()
+            size.add_metric([name], nbytes)
+            count.add_metric([name], entries)
+        return [size, count]
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily(
+                "hmsproxy_memo_bytes",
+                "Bytes the proxy keeps in process, by memo or cache, as each counts them",
+                labels=["memo"],
+            ),
+            GaugeMetricFamily(
+                "hmsproxy_memo_entries",
+                "Entries the proxy keeps in process, by memo or cache",
+                labels=["memo"],
+            ),
+        )
 
 
 def method_label(name: str) -> str:
@@ -457,7 +494,13 @@ class Metrics:
             registry=r,
         )
         self.build_info.labels(__version__, "2.3.10+4.1").set(1)
+        self._memos = _Memos()
+        r.register(self._memos)
         self._start_at_zero()
+
+    def watch_memos(self, footprints: Mapping[str, Footprint]) -> None:
+        """Report these memos (name: their footprint) in hmsproxy_memo_bytes/_entries."""
+        self._memos.footprints.update(footprints)
 
     def _start_at_zero(self) -> None:
         """The series without a method label (per-method ones: see _PerMethod)."""

@@ -306,6 +306,33 @@ def cache() -> list[Panel]:
             "Bps",
         ),
         timeseries(
+            "In-process memory by memo",
+            "What each proxy keeps in process, as each memo counts it: the embedded cache or "
+            "Redis's front (cache), request plans, encoded Redis commands, set_ugi replies, "
+            "compression dictionaries, lock fences, partition fingerprints. Each is bounded "
+            "(docs/reliability.md); a process growing beyond their sum is a leak.",
+            [
+                target(
+                    "sum by (memo) (hmsproxy_memo_bytes" + sel() + ")",
+                    "{{memo}}",
+                ),
+            ],
+            "bytes",
+            stack=True,
+        ),
+        timeseries(
+            "In-process entries by memo",
+            "Entries in each memo of the panel before (each is bounded in number too).",
+            [
+                target(
+                    "sum by (memo) (hmsproxy_memo_entries" + sel() + ")",
+                    "{{memo}}",
+                ),
+            ],
+            "short",
+            decimals=0,
+        ),
+        timeseries(
             "Stale replies (--stale-if-error)",
             "Cached replies served past their TTL because the metastore was unreachable, by "
             "method. Empty unless --stale-if-error is set and the metastore failed.",

@@ -158,10 +158,15 @@ class AdminServer:
 
     def summary(self) -> str:
         """``listening=ok, metastore=ok, redis=down (degraded: serving from the metastore)``"""
-        return ", ".join(
-            f"{k}=down (degraded: serving from the metastore)" if v == DEGRADED else f"{k}={v}"
+        return ", ".join(f"{k}={v}" for k, v in self.shown_checks().items())
+
+    def shown_checks(self) -> dict[str, str]:
+        """The last checks as the log and ``/readyz`` say them: a degraded part is ``down``
+        (it is: Redis does not answer), with why the proxy is ready all the same."""
+        return {
+            k: "down (degraded: serving from the metastore)" if v == DEGRADED else v
             for k, v in self.last_checks.items()
-        )
+        }
 
     async def not_ready(self) -> None:
         """Draining: take the proxy out of rotation, stay alive."""

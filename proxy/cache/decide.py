@@ -140,6 +140,17 @@ def _fingerprint_of(epoch: bytes | None, scope: bytes | None, own: bytes | None)
     return codec.fingerprint([epoch, scope, own])
 
 
+# What one remembered fingerprint keeps alive: the lru_cache's link and key, the three
+# version values and the digest (~300 bytes, measured with tracemalloc over 32,768 of them).
+FINGERPRINT_ENTRY_BYTES = 300
+
+
+def fingerprints_footprint() -> tuple[int, int]:
+    """(entries, bytes) of the remembered partition fingerprints (bounded by count)."""
+    entries = _fingerprint_of.cache_info().currsize
+    return entries, entries * FINGERPRINT_ENTRY_BYTES
+
+
 def judge_partition(
     entry: codec.Entry, versions: Mapping[str, bytes | None], version_field: str, now: float
 ) -> tuple[bool, codec.Payload | None]:

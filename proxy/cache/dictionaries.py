@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from proxy.cache import entry as codec
 from proxy.cache.keys import Naming
 from proxy.cache.store import CacheUnavailable, Store
-from proxy.memo import BoundedMemo
+from proxy.memo import BoundedMemo, Footprint, footprint_of
 
 DICTIONARY_BYTES = 16 << 20
 
@@ -25,6 +25,9 @@ class Dictionaries:
         self._by_id: BoundedMemo[bytes, bytes] = BoundedMemo(10_000, max_bytes)
         # Each table's own dictionary: tag -> (id, bytes), for the entries this proxy fills.
         self._by_table: BoundedMemo[str, tuple[bytes, bytes]] = BoundedMemo(10_000, max_bytes)
+
+    def footprint(self) -> Footprint:
+        return footprint_of(self._by_id, self._by_table)
 
     def get(self, dict_id: bytes | None) -> bytes | None:
         return self._by_id.get(dict_id) if dict_id is not None else None

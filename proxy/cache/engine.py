@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from proxy import idl
-from proxy.cache.decide import Result, Verdict
+from proxy.cache.decide import Result, Verdict, fingerprints_footprint
 from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.fences import LockFences
 from proxy.cache.l1 import L1
@@ -37,7 +37,7 @@ from proxy.cache.reads import ReadCall, Seen, Served, WholeReads
 from proxy.cache.store import MemoryStore, Store
 from proxy.cache.writes import MAX_PENDING, Changes, Invalidations, WriteIntent
 from proxy.catalog import MethodSpec
-from proxy.memo import BoundedMemo
+from proxy.memo import BoundedMemo, Footprint, footprint_of
 from proxy.metrics import Metrics, method_label
 from proxy.wire.errors import ProtocolError
 from proxy.wire.framing import Message
@@ -191,6 +191,16 @@ class CacheEngine:
         return await self.whole.read(plan, call)
 
     # -- the whole cache -------------------------------------------------------------------
+
+    def memos(self) -> dict[str, Footprint]:
+        """What the engine keeps in process, by name, for /metrics (hmsproxy_memo_bytes)."""
+        return {
+            "cache": lambda: self.footprint()[:2],
+            "plans": footprint_of(self._plans),
+            "dictionaries": self.dictionaries.footprint(),
+            "lock_fences": self.locks.footprint(),
+            "partition_fingerprints": fingerprints_footprint,
+        }
 
     def footprint(self) -> tuple[int, int, str]:
         """(entries, bytes, kind) held in this process: the embedded cache, or Redis's front."""

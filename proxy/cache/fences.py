@@ -30,7 +30,7 @@ from proxy.cache import locks
 from proxy.cache.keys import Bump, Naming
 from proxy.cache.locks import LockPlan, LockRecord
 from proxy.cache.store import CacheUnavailable, Store
-from proxy.memo import BoundedMemo
+from proxy.memo import BoundedMemo, Footprint, footprint_of
 from proxy.metrics import Metrics
 from proxy.wire.binary import MessageType
 from proxy.wire.errors import ProtocolError
@@ -80,6 +80,9 @@ class LockFences:
     @property
     def enabled(self) -> bool:
         return self.seconds > 0
+
+    def footprint(self) -> Footprint:
+        return footprint_of(self._opened, self._known, self._lifted)
 
     # -- before the lock -------------------------------------------------------------------
 

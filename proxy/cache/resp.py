@@ -19,7 +19,7 @@ from typing import Any, Protocol, cast
 from redis import crc
 
 from proxy.cache import redis_tls
-from proxy.memo import BoundedMemo
+from proxy.memo import BoundedMemo, Footprint, footprint_of
 
 try:
     import hiredis
@@ -41,6 +41,11 @@ class Disconnected(Exception):
 # their keys are digests, but a get_partitions_by_names of many names is one long MGET.
 _ENCODED: BoundedMemo[Command, bytes] = BoundedMemo(16_384, 8 << 20, largest=8 * 1024)
 _REPEATED = frozenset({"HMGET", "HGETALL", "MGET", "GET"})  # look-ups; a fence is never twice
+
+
+def encoded_footprint() -> Footprint:
+    """The memo of encoded commands (one per process, shared by every connection)."""
+    return footprint_of(_ENCODED)
 
 
 def encode(command: Command) -> bytes:

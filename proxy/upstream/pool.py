@@ -36,7 +36,7 @@ from typing import Protocol
 
 from proxy import idl
 from proxy.config import Endpoint, Options
-from proxy.memo import BoundedMemo
+from proxy.memo import BoundedMemo, Footprint, footprint_of
 from proxy.metrics import Metrics
 from proxy.sasl.stream import ByteReader, ByteWriter
 from proxy.tls import upstream_context
@@ -266,6 +266,9 @@ class UpstreamPool:
 
     def ugi_reply(self, identity: Identity) -> Message | None:
         return self._ugi_replies.get(identity)
+
+    def ugi_replies_footprint(self) -> Footprint:
+        return footprint_of(self._ugi_replies)
 
     def bind(self, conn: UpstreamConnection, identity: Identity) -> None:
         """``conn`` ran ``set_ugi`` for ``identity`` successfully."""

@@ -18,6 +18,7 @@ from proxy.admin._gen import admin_pb2 as pb
 from proxy.admin._gen import admin_pb2_grpc as pb_grpc
 from tests.conftest import ProxyFactory
 from tests.rig.certs import Authority
+from tests.rig.faults import FaultyRelay
 from tests.rig.hms import MetastoreServer
 from tests.rig.ports import free_port, free_ports
 from tests.rig.proxy_process import REPO, ProxyProcess
@@ -120,15 +121,19 @@ def test_http_health_for_kubernetes_probes(
     assert b"redis=ok" in get(proxy, "/readyz")[2]
     own_redis.stop()
     # Still ready (--ready-without-redis on), and it says Redis is down.
-    eventually(lambda: b"redis=degraded" in get(proxy, "/readyz")[2])
+    down = b"redis=down (degraded: serving from the metastore)"
+    eventually(lambda: down in get(proxy, "/readyz")[2])
     assert get(proxy, "/readyz")[0] == 200
     eventually(lambda: "redis=down (degraded: serving from the metastore)" in proxy.log())
 
 
 def test_an_unreachable_metastore_is_one_warning_and_not_ready(
-    proxy_factory: ProxyFactory,
+    proxy_factory: ProxyFactory, hms: MetastoreServer
 ) -> None:
-    proxy = proxy_factory(upstream=f"thrift://127.0.0.1:{free_port()}")
+    # A relay to the real metastore, on a port nobody listens on until it starts: the
+    # metastore is unreachable, then reachable again.
+    relay = FaultyRelay(hms.host, hms.port)
+    proxy = proxy_factory(upstream=f"thrift://127.0.0.1:{relay.port}")
     eventually(lambda: get(proxy, "/readyz")[0] == 503)
     failed = proxy.metric("hmsproxy_upstream_connects_total", result="failed")
     # Several more attempts (readiness probes, follower polls), each of which used to log a
@@ -143,6 +148,28 @@ def test_an_unreachable_metastore_is_one_warning_and_not_ready(
     ]
     assert len(warnings) == 1, warnings
     assert b"metastore=down" in get(proxy, "/readyz")[2]
+
+    relay.start()
+    try:
+        eventually(lambda: get(proxy, "/readyz")[0] == 200, 30, "ready once it is back")
+        for _ in range(2):  # new connections after the first: none of them says it again
+            connects = proxy.metric("hmsproxy_upstream_connects_total", result="ok")
+            relay.drop_idle_connections_silently()
+            eventually(
+                lambda before=connects: (
+                    proxy.metric("hmsproxy_upstream_connects_total", result="ok") > before
+                ),
+                30,
+                "a new connection",
+            )
+    finally:
+        relay.stop()
+    back = [line for line in proxy.log().splitlines() if "is reachable again" in line]
+    assert len(back) == 1, back
+    warnings = [
+        line for line in proxy.log().splitlines() if "WARNING" in line and "connect" in line
+    ]
+    assert len(warnings) == 1, warnings
 
 
 def test_the_scrape_negotiates_and_compresses(proxy: ProxyProcess, sample: Sample) -> None:

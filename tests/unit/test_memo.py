@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import struct
 
+from prometheus_client import generate_latest
+
 from proxy import catalog, idl
 from proxy.cache import resp
 from proxy.cache.engine import PLAN_BYTES
@@ -165,3 +167,44 @@ def test_partition_name_memos_keep_only_short_names() -> None:
     assert keys._remembered_table_tag.cache_info().currsize == tags
     keys.partition_field(["2024-01-01"])
     assert keys._remembered_field.cache_info().currsize <= keys.MEMO_NAMES
+
+
+def test_every_memo_is_on_metrics_with_the_bytes_it_counts() -> None:
+    """A soak tells the memos' growth from a leak by these gauges (bench/load.py)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from proxy.app import Proxy
+    from proxy.config import load
+    from proxy.metrics import Metrics
+
+    def scraped(metrics: Metrics) -> dict[tuple[str, str], float]:
+        text = generate_latest(metrics.registry).decode()
+        return {
+            (s.name, s.labels["memo"]): s.value
+            for family in text_string_to_metric_families(text)
+            if family.name.startswith("hmsproxy_memo_")
+            for s in family.samples
+        }
+
+    async def run() -> None:
+        metrics = Metrics()
+        proxy = Proxy.build(load({"upstream": "thrift://h:1"}, {}), metrics)
+        assert proxy.cache is not None
+        spec = catalog.lookup("get_table")
+        assert spec is not None
+        before = scraped(metrics)
+        assert {memo for _, memo in before} == {
+            "cache", "plans", "redis_commands", "set_ugi_replies", "dictionaries",
+            "lock_fences", "partition_fingerprints",
+        }  # fmt: skip
+        for i in range(10):
+            proxy.cache.plan_read(spec, message("get_table", padded_get_table(i, 10)), None)
+        proxy.pool.remember_ugi_reply(Identity(b"someone"), message("set_ugi", b"\x00"))
+        after = scraped(metrics)
+        assert (
+            after["hmsproxy_memo_entries", "plans"] == before["hmsproxy_memo_entries", "plans"] + 10
+        )
+        assert after["hmsproxy_memo_bytes", "plans"] == proxy.cache._plans.bytes > 0
+        assert after["hmsproxy_memo_bytes", "set_ugi_replies"] > 0
+
+    asyncio.run(run())
