@@ -92,16 +92,7 @@ class TimedConnection:
 
     def reply_length(self, request: bytes) -> int:
         """Send once and find the reply's length (with the proxy's own framing code)."""
-        self.sock.sendall(request)
-        reader = MessageReader(Transport.BUFFERED, 1 << 30)
-        while True:
-            chunk = self.sock.recv(1 << 20)
-            if not chunk:
-                raise EOFError("closed")
-            reader.feed(chunk)
-            message = reader.next_message()
-            if message is not None:
-                return len(message.data)
+        return len(reply_bytes(self, request))
 
     def timed(self, request: bytes, length: int) -> float:
         view = memoryview(self.buf)
@@ -196,7 +187,7 @@ class ReplayFloor:
 
 
 def reply_bytes(conn: TimedConnection, request: bytes) -> bytes:
-    """The whole reply to ``request`` (as the floor server is to replay it)."""
+    """The whole reply to ``request``, found with the proxy's own framing code."""
     conn.sock.sendall(request)
     reader = MessageReader(Transport.BUFFERED, 1 << 30)
     while True:

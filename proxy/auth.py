@@ -64,7 +64,9 @@ class Kerberos:
         if self.upstream is not None and options.upstream_identity == "end-user":
 
             async def ask(method: str, **args: object) -> object:
-                return await pool.ask(None, method, **args)
+                # A token fetch may be what a caller holding a connection slot waits for:
+                # on the connections kept for writes, never behind the clients' reads.
+                return await pool.ask_for_write(None, method, **args)
 
             self.upstream.tokens = TokenBroker(ask, self.login.principal, metrics)  # type: ignore[arg-type]
         if self.acceptor is not None and self.upstream is not None:

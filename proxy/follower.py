@@ -276,7 +276,7 @@ class NotificationFollower:
     # -- metastore calls --------------------------------------------------------------------
 
     async def _call(self, method: str, **args: object) -> object:
-        reply = await self.pool.ask(None, method, **args)
+        reply = await self.pool.ask_for_write(None, method, **args)  # not behind client reads
         if reply.header.type != MessageType.REPLY:
             raise LogUnavailable(f"{method} answered with an exception")
         try:

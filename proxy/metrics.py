@@ -308,22 +308,8 @@ class Metrics:
             "hmsproxy_redis_tracking_delivery_seconds",
             "Time from setting a beat key to its invalidation arriving through the stream: "
             "how late a write through another proxy is seen here",
-            buckets=(
-                0.0001,
-                0.00025,
-                0.0005,
-                0.001,
-                0.0025,
-                0.005,
-                0.01,
-                0.025,
-                0.05,
-                0.1,
-                0.25,
-                0.5,
-                1.0,
-                2.5,
-            ),
+            # Sub-millisecond on one network; the bound (--redis-tracking-max-lag) is seconds.
+            buckets=(0.0001, 0.00025, *(b for b in LATENCY_BUCKETS if b <= 2.5)),
             registry=r,
         )
         self.tracking_resyncs = _Children(

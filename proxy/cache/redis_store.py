@@ -161,14 +161,14 @@ class RedisStore:
         limit = max(self.timeout, 1.0)
         # redis-py's default pools fail "Too many connections" past 100 in use (per node on a
         # cluster), which, logged as a connection failure, opened the breaker and dropped
-        # the client under load. Sized for the proxy's concurrency, and on a single Redis
-        # blocking besides: a caller waits for a connection rather than fail. Its wait has
-        # no bound of its own: _run's deadline (--redis-timeout) bounds it and counts it as
-        # a timeout (the pool's own "No connection available" would count as Redis down).
-        pool = aredis.BlockingConnectionPool.from_url(
+        # the client under load. Sized for the proxy's concurrency (each operation in flight
+        # holds one connection, and no more operations are in flight than client calls
+        # plus the proxy's own), so it never runs out. Not redis-py's BlockingConnectionPool:
+        # on Python 3.11 its asyncio.Condition can lose a wake-up when the woken waiter's
+        # deadline cancels it (gh-112202), leaving callers to time out beside a free one.
+        pool = aredis.ConnectionPool.from_url(
             self.url,
             max_connections=self.pool_size,
-            timeout=None,
             socket_timeout=limit,
             socket_connect_timeout=limit,
         )

@@ -85,10 +85,21 @@ class Invalidations:
         self.pending: list[tuple[WritePlan, WriteIntent | None]] = []
         self.retry_backoff = retry_backoff
         self._retrying: asyncio.Task[None] | None = None
+        self._applying = False  # a look-up or the retry is applying the pending ones
 
     async def settled(self) -> bool:
-        """Whether no invalidation is pending (applying those that are, if it can)."""
-        return not self.pending or await self._apply_pending()
+        """Whether no invalidation is pending (applying those that are, if it can: one
+        applier at a time, or every look-up would send the same commands to a Redis that
+        is struggling already)."""
+        if not self.pending:
+            return True
+        if self._applying:
+            return False
+        self._applying = True
+        try:
+            return await self._apply_pending()
+        finally:
+            self._applying = False
 
     async def expand(
         self, plan: WritePlan, list_tables: Callable[[str], Awaitable[list[str]]]
@@ -201,7 +212,7 @@ class Invalidations:
         backoff = self.retry_backoff()
         while self.pending:
             await asyncio.sleep(backoff.failed())
-            if await self._apply_pending():
+            if await self.settled():
                 return
 
     def _forget_locally(self, plan: WritePlan) -> None:

@@ -518,8 +518,9 @@ class UpstreamPool:
     async def ask_for_write(
         self, identity: Identity | None, method: str, /, **args: object
     ) -> Message:
-        """As :meth:`ask`, for a call a write needs before it is forwarded (it may take the
-        connections kept for writes)."""
+        """As :meth:`ask`, for a call a write needs before it is forwarded, or the proxy's
+        own housekeeping (delegation tokens, the notification log): it may take the
+        connections kept for writes, so it never waits behind the clients' reads."""
         return await self._ask(identity, method, None, True, args)
 
     async def _ask(
@@ -538,7 +539,9 @@ class UpstreamPool:
     async def probe(self) -> bool:
         """Does a metastore answer a call now? (fb303 ``getStatus``, for readiness.)"""
         try:
-            reply = await self.ask(None, "getStatus", self.timeouts.probe)
+            # On the connections kept for writes: under overload, the readiness probe must
+            # not wait behind the clients' reads and find the metastore "down".
+            reply = await self._ask(None, "getStatus", self.timeouts.probe, True, {})
         except UpstreamError:
             return False
         return reply.header.type == MessageType.REPLY
