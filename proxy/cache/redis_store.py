@@ -112,6 +112,7 @@ class RedisStore:
         self._fast: dict[tuple[str, int] | str, resp.RespConnection] = {}
         self.cluster = False
         self._touched: dict[str, float] = {}
+        self._closed = False
         # The coherent in-process copy of the versions (None: --redis-tracking off).
         self.mirror: VersionMirror | None = None
         self.streams: InvalidationStreams | None = None
@@ -154,6 +155,8 @@ class RedisStore:
         raise CacheUnavailable("connecting to redis")
 
     def _start_connecting(self) -> None:
+        if self._closed:
+            return
         if self._connect_task is None or self._connect_task.done():
             self._connect_task = asyncio.get_running_loop().create_task(self._connect())
 
@@ -342,9 +345,14 @@ class RedisStore:
 
     async def _reopen_fast(self, where: tuple[str, int] | str) -> None:
         try:
-            self._fast[where] = await self._open_fast(where)
+            conn = await self._open_fast(where)
         except (OSError, TimeoutError, resp.RespError) as exc:
             self._failed("connect", exc)
+            return
+        if self._closed:  # closed meanwhile: nobody would ever close this one
+            conn.close()
+            return
+        self._fast[where] = conn
 
     async def _lookup_commands(self, commands: list[resp.Command]) -> list[Any]:
         """Send look-up commands (each to its node) and wait for all replies."""
@@ -665,6 +673,9 @@ class RedisStore:
                 self._track(places)
 
     async def close(self) -> None:
+        self._closed = True
+        for task in list(self._tasks):  # reconnections under way open nothing more
+            task.cancel()
         if self._connect_task is not None and not self._connect_task.done():
             self._connect_task.cancel()
         if self.streams is not None:
