@@ -141,7 +141,9 @@ def test_spark_runs_against_hms_401_through_the_proxy_only(
     assert through["partitions"] == ["ds=2024-01-01", "ds=2024-01-02", "ds=2024-01-03"]
     assert through["selected"] == [[2, "b", "2024-01-02"], [3, "c", "2024-01-02"]]
     assert through["tables"] == ["events"]
-    assert bridged.metric("hmsproxy_bridged_calls_total", method="get_table") >= 3
+    # Spark's get_table calls went over the bridge (its repeats are hits, which the
+    # bridged-calls counter does not count: how many depends on what the cache held).
+    assert bridged.metric("hmsproxy_bridged_calls_total", method="get_table") >= 1
 
 
 def test_pyiceberg_runs_against_hms_401_through_the_proxy_only(
