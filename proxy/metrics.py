@@ -266,6 +266,21 @@ class Metrics:
                 registry=r,
             )
         )
+        self.upstream_waiting = _Children(
+            Gauge(
+                "hmsproxy_upstream_waiting",
+                "Calls waiting their turn for a metastore connection (at "
+                "--upstream-max-connections, or reads at their share of it), by kind",
+                ["kind"],
+                registry=r,
+            )
+        )
+        self.upstream_wait = Histogram(
+            "hmsproxy_upstream_wait_seconds",
+            "Time calls that had to wait for a metastore connection waited for their turn",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.upstream_connects = _Children(
             Counter(
                 "hmsproxy_upstream_connects",
@@ -501,6 +516,8 @@ class Metrics:
             self.upstream_connections.labels(state)
         for result in ("ok", "failed"):
             self.upstream_connects.labels(result)
+        for kind in ("read", "write"):
+            self.upstream_waiting.labels(kind)
         for reason in CLIENT_ERRORS:
             self.client_errors.labels(reason)
         for event in LOCK_FENCE_EVENTS:

@@ -454,6 +454,30 @@ def metastore() -> list[Panel]:
             decimals=0,
         ),
         timeseries(
+            "Calls waiting for a metastore connection",
+            "Calls queued at --upstream-max-connections (reads at all but an eighth of it, the "
+            "rest kept for writes), first come, first served, each for at most its own "
+            "--upstream-read-timeout; and the p99 of their wait. Non-zero for long: the "
+            "metastore is slower than the calls it is asked.",
+            [
+                target(
+                    "sum by (kind) (hmsproxy_upstream_waiting" + sel() + ")",
+                    "waiting: {{kind}}",
+                ),
+            ],
+            "short",
+            decimals=0,
+        ),
+        timeseries(
+            "Wait for a metastore connection, p99",
+            "How long the calls that had to wait for a connection waited (99th percentile); "
+            "calls that found one at once are not counted.",
+            [
+                target(quantile(0.99, "hmsproxy_upstream_wait_seconds"), "p99"),
+            ],
+            "s",
+        ),
+        timeseries(
             "Connection attempts",
             "Connections opened to the metastore per second, by result; failed ones move on to "
             "the next metastore of --upstream.",

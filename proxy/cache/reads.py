@@ -85,6 +85,11 @@ class Seen(Protocol):
     def looked_up(self, table: TableRef, hit: bool) -> None: ...
 
 
+# What a fenced read's joiners are given when the reader whose call they shared went before
+# it was answered (an empty reply: no reply is empty).
+_LEADER_GONE = b""
+
+
 @dataclass(slots=True)
 class _Turns:
     """Fenced reads of one key under one set of versions: the call at the metastore, and
@@ -177,6 +182,8 @@ class WholeReads:
         turns = self._turns.setdefault(key, _Turns())
         if turns.waiting is not None:  # the next call, not sent yet: this reader joins it
             shared = await asyncio.shield(turns.waiting)
+            if shared is _LEADER_GONE:  # no answer to share: these readers take turns anew
+                return await self._shared(plan, fenced, call)
             if shared is not None:
                 self.metrics.shared_reads.labels(method_label(plan.method)).inc()
                 return Served(await call.serve(shared), "upstream")
@@ -189,6 +196,7 @@ class WholeReads:
             if storable(plan, reply, max_bytes=self.max_entry_bytes, serve_iceberg=True):
                 kept.append(reply.data)
 
+        gone = True  # until its call is answered: cancelled (its client gone) or failed
         try:
             if turns.sending is not None:  # wait for the call at the metastore to end
                 turns.waiting = mine
@@ -196,13 +204,17 @@ class WholeReads:
                 turns.waiting = None
             turns.sending = mine
             outcome = await call.forward(keep, None)
+            gone = False
         finally:
             if turns.waiting is mine:
                 turns.waiting = None
             if turns.sending is mine:
                 turns.sending = None
             if not mine.done():  # its readers get the reply, or ask themselves
-                mine.set_result(kept[0] if kept else None)
+                # A reader that went before its call was answered leaves its joiners to
+                # take turns again (one call for them all), not to ask one each; each is
+                # still answered by a call sent after it arrived.
+                mine.set_result(kept[0] if kept else _LEADER_GONE if gone else None)
             if turns.sending is None and turns.waiting is None:
                 self._turns.pop(key, None)
         return Served(outcome, "upstream")

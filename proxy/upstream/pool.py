@@ -325,6 +325,7 @@ class UpstreamPool:
         asked), then take what :meth:`_take` gives. A newcomer queues behind every waiter
         that could take what it would."""
         waiter: _Waiter | None = None
+        queued_at = 0.0
         try:
             while True:
                 if waiter is not None:  # wakes from here on are kept for the wait below
@@ -336,18 +337,26 @@ class UpstreamPool:
                     raise self._busy(write, patience)
                 if waiter is None:
                     waiter = self._enqueue(write)
+                    queued_at = time.monotonic()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(waiter.woken, remaining)
         finally:
             if waiter is not None:
                 self._queues[waiter.write].remove(waiter)
+                self._update_waiting(write)
+                self.metrics.upstream_wait.observe(time.monotonic() - queued_at)
                 self._wake_next()  # its turn, if it had come, passes on
 
     def _enqueue(self, write: bool) -> _Waiter:
         future = asyncio.get_running_loop().create_future()
         waiter = _Waiter(next(self._tickets), write, future)
         self._queues[write].append(waiter)
+        self._update_waiting(write)
         return waiter
+
+    def _update_waiting(self, write: bool) -> None:
+        kind = "write" if write else "read"
+        self.metrics.upstream_waiting.labels(kind).set(len(self._queues[write]))
 
     def _room(self, write: bool) -> bool:
         """Whether a caller of this kind could take a connection now (an idle one, a slot

@@ -680,3 +680,66 @@ def test_a_fenced_read_never_shares_a_call_sent_before_it_arrived() -> None:
             await write
 
     asyncio.run(run())
+
+
+def test_fenced_readers_whose_leader_went_before_sending_still_share_one_call() -> None:
+    # Five reads arrive while a fenced read is at the metastore; the first of them, which
+    # would send the next call for all five, is cancelled (its client gone) before it sends.
+    # The other four take turns again and share one call, instead of asking one each.
+    async def run() -> None:
+        async with rig(store=FencingStore(1 << 24)) as r:
+            r.hms.add_table(DB, T, v="1")
+            writer = SessionState("writer")
+            await r.call(writer, "get_table", 1, dbname=DB, tbl_name=T)
+            write_gate, read_gate = Slow(), Slow()
+            r.hms.script("alter_table", write_gate)
+            write = asyncio.create_task(
+                r.handler.handle(
+                    writer,
+                    request("alter_table", 2, dbname=DB, tbl_name=T, new_tbl=table(DB, T, v="2")),
+                    Client(),
+                )
+            )
+            await until(lambda: r.hms.calls["alter_table"] == 1, "the write at the metastore")
+            r.hms.script("get_table", read_gate)
+            early = asyncio.create_task(
+                r.handler.handle(
+                    SessionState("early"), request("get_table", 10, dbname=DB, tbl_name=T), Client()
+                )
+            )
+            await until(lambda: r.hms.calls["get_table"] == 2, "the early read at the metastore")
+            late = [Client() for _ in range(5)]
+            reads = []
+            for i, c in enumerate(late):
+                reads.append(
+                    asyncio.create_task(
+                        r.handler.handle(
+                            SessionState(f"l{i}"),
+                            request("get_table", 20 + i, dbname=DB, tbl_name=T),
+                            c,
+                        )
+                    )
+                )
+                await until(
+                    lambda i=i: (
+                        r.sample(  # type: ignore[misc]
+                            "hmsproxy_cache_lookups_total", method="get_table", result="bypass"
+                        )
+                        == 2 + i
+                    ),
+                    "the late read looked up",
+                )
+            reads[0].cancel()  # the one the other four joined, before it could send
+            with pytest.raises(asyncio.CancelledError):
+                await reads[0]
+            read_gate.gate.set()
+            await asyncio.gather(early, *reads[1:])
+            assert r.hms.calls["get_table"] == 3  # the early read, then one for the four
+            assert r.sample("hmsproxy_shared_reads_total", method="get_table") == 3
+            answer = r.hms.answer("get_table", 0, dbname=DB, tbl_name=T)
+            for c in late[1:]:
+                assert without_seqid(c.reply()) == without_seqid(answer)
+            write_gate.gate.set()
+            await write
+
+    asyncio.run(run())

@@ -45,6 +45,12 @@ async def done_after_turns(task: asyncio.Task[Any], turns: int = 200) -> bool:
     return task.done()
 
 
+def waiting(pool: UpstreamPool) -> dict[str, float]:
+    """hmsproxy_upstream_waiting by kind."""
+    get = pool.metrics.registry.get_sample_value
+    return {k: get("hmsproxy_upstream_waiting", {"kind": k}) or 0 for k in ("read", "write")}
+
+
 # -- limits ----------------------------------------------------------------------------------
 
 
@@ -56,9 +62,13 @@ def test_at_the_limit_a_caller_waits_for_a_connection_to_come_back() -> None:
             third = asyncio.create_task(pool.acquire(None))
             assert not await done_after_turns(third)  # it waits: no third connection is opened
             assert len(hms.connections) == 2
+            assert waiting(pool) == {"read": 1, "write": 0}  # what an operator sees meanwhile
             pool.release(a, reusable=True)
             assert await third is a
             assert len(hms.connections) == 2
+            assert waiting(pool) == {"read": 0, "write": 0}
+            waits = pool.metrics.registry.get_sample_value("hmsproxy_upstream_wait_seconds_count")
+            assert waits == 1  # only callers that queued are observed
             pool.release(b, reusable=True)
             pool.release(a, reusable=True)
 
