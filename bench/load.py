@@ -46,7 +46,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from bench.common import percentile
+from bench.common import ReplayFloor, TimedConnection, percentile, reply_bytes
 from bench.load_client import (
     CHURN,
     DB,
@@ -60,6 +60,8 @@ from bench.load_client import (
     part_value,
     worker_main,
 )
+from bench.load_probe import PROBE_TABLE, probe_main
+from proxy import idl
 from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.redis_server import RedisServer
@@ -92,6 +94,18 @@ def ensure_tables(hms: MetastoreServer, count: int, partitions: int) -> None:
         if DB not in c.get_all_databases():
             c.create_database(t.Database(DB, "bench.load", f"{warehouse}/{DB}.db", {}))
         existing = set(c.get_all_tables(DB))
+        if PROBE_TABLE not in existing:  # what the hit probe reads (see bench.load_probe)
+            c.create_table(
+                t.Table(
+                    tableName=PROBE_TABLE,
+                    dbName=DB,
+                    owner="loadgen",
+                    sd=storage_descriptor(f"{warehouse}/{DB}.db/{PROBE_TABLE}", specs),
+                    partitionKeys=[t.FieldSchema("ds", "string", None)],
+                    parameters={},
+                    tableType="EXTERNAL_TABLE",
+                )
+            )
         for name in table_names(count):
             base = f"{warehouse}/{DB}.db/{name}"
             if name not in existing:
@@ -339,6 +353,21 @@ def run(args: argparse.Namespace, rig: Rig) -> dict[str, Any]:
         procs.append(proc)
         rig.pids[f"worker{config.index}"] = proc.pid  # type: ignore[assignment]
     results: list[dict[str, Any]] = []
+    probe_request = idl.encode_call("get_table", 1, dbname=DB, tbl_name=PROBE_TABLE)
+    direct = TimedConnection(rig.hms.port)
+    floor = ReplayFloor(
+        [(probe_request, reply_bytes(direct, probe_request))], _event_loop(), DATA / "floor"
+    )
+    direct.close()
+    probe_pipe, theirs = context.Pipe()
+    probe = context.Process(
+        target=probe_main,
+        args=(rig.proxy.port, floor.port, probe_request, theirs),
+        daemon=True,
+    )
+    probe.start()
+    theirs.close()
+    procs.append(probe)
     try:
         print(
             f"* {workers} worker processes warming {args.tables} tables"
@@ -380,6 +409,11 @@ def run(args: argparse.Namespace, rig: Rig) -> dict[str, Any]:
         for pipe in pipes:
             pipe.send("done")
         warm = from_all("ready")
+        print(f"* the hit probe, unloaded, for {PROBE_SECONDS:g} s", flush=True)
+        probe_pipe.send(("measure", PROBE_SECONDS))
+        if not probe_pipe.poll(PROBE_SECONDS + 60):
+            raise RuntimeError("the hit probe did not answer")
+        probe_unloaded = probe_pipe.recv()
         before = rig.proxy.metrics()
         start = time.monotonic() + 0.5
         wall_start = time.time() + 0.5
@@ -388,6 +422,7 @@ def run(args: argparse.Namespace, rig: Rig) -> dict[str, Any]:
         first.at = 0.0
         for pipe in pipes:
             pipe.send(start)
+        probe_pipe.send(("measure", args.duration))
         print(f"* running for {args.duration:g} s", flush=True)
         samples = [first]
         hard_deadline = start + args.duration + 2 * args.call_timeout + 60
@@ -431,7 +466,12 @@ def run(args: argparse.Namespace, rig: Rig) -> dict[str, Any]:
         samples.append(window_end)
         after = rig.proxy.metrics()
         stats = rig.stats()
+        if not probe_pipe.poll(60):
+            raise RuntimeError("the hit probe did not finish")
+        probe_loaded = probe_pipe.recv()
+        probe_pipe.send("stop")
     finally:
+        floor.stop()
         for proc in procs:
             proc.join(timeout=5)
             if proc.is_alive():
@@ -451,7 +491,20 @@ def run(args: argparse.Namespace, rig: Rig) -> dict[str, Any]:
         "cache_bytes": stats.bytes,
         "wall": (wall_start, wall_end),
         "loadavg": (load_start, load_end),
+        "probe": {"unloaded": probe_unloaded, "loaded": probe_loaded},
     }
+
+
+PROBE_SECONDS = 10.0  # the hit probe's unloaded measurement, before the load starts
+
+
+def _event_loop() -> str:
+    """The floor server's event loop: the proxy's (``--event-loop auto``)."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
 
 
 # -- the report ----------------------------------------------------------------------------
@@ -749,16 +802,50 @@ def report(args: argparse.Namespace, rig: Rig, r: dict[str, Any], log_offset: in
         f" ad-hoc queries {sum(res['adhoc'] for res in results):,}."
     )
     out.append("")
+    out += probe_section(r["probe"])
+    out.append("")
     out += proxy_latency(r)
     out.append("")
     out += timeline(args, samples)
     out.append("")
-    out += check_classes(r, counts, errors)
+    # The probe's calls in the window are get_table hits too (its first call was before).
+    with_probe = counts + Counter({("probe", "get_table", HIT): len(r["probe"]["loaded"][0])})
+    out += check_classes(r, with_probe, errors)
     out.append("")
     out += memory_section(args, r, samples)
     out.append("")
     out += proxy_log_summary(rig, log_offset, r["wall"])
     return "\n".join(out)
+
+
+def probe_section(probe: dict[str, tuple[list[float], list[float]]]) -> list[str]:
+    """The hit probe's figures, unloaded and under the load (see bench.load_probe)."""
+    out = [
+        "| hit probe (one connection, its own process) | calls | proxy hit p50 ms | p99 ms"
+        " | p999 ms | floor p50 ms | floor p99 ms | hit p99 / floor p99 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for when in ("unloaded", "loaded"):
+        hits, floor = probe[when]
+        if not hits or not floor:
+            continue
+        p50, p99, p999, _ = quantiles(hits)
+        f50, f99, _, _ = quantiles(floor)
+        out.append(
+            f"| {when} | {len(hits):,} | {p50} | {p99} | {p999} | {f50} | {f99}"
+            f" | {percentile(hits, 0.99) / percentile(floor, 0.99):.2f}x |"
+        )
+    unloaded, loaded = probe["unloaded"][0], probe["loaded"][0]
+    if unloaded and loaded:
+        out.append("")
+        out.append(
+            f"Hit p99 under the load: {percentile(loaded, 0.99) / percentile(unloaded, 0.99):.1f}x"
+            " the unloaded hit p99. The probe sends a get_table of a table the load never"
+            " writes every 10 ms, to the proxy and to the floor server (a do-nothing asyncio"
+            " server replaying the metastore's reply) in turn: the floor's p99 is what the"
+            " machine's load does to any Python server's round trip."
+        )
+    return out
 
 
 def proxy_latency(r: dict[str, Any]) -> list[str]:
@@ -825,12 +912,12 @@ def check_classes(
     counts: Counter[tuple[str, str, str]],
     errors: Counter[tuple[str, str, str]],
 ) -> list[str]:
+    """The client's classes against the proxy's own per-method look-up counters."""
     store_errors = sum(
         delta(r, n, **dict(labels))
         for (n, labels) in r["after"]
         if n == "hmsproxy_cache_errors_total"
     )
-    """The client's classes against the proxy's own per-method look-up counters."""
     out = [
         "Classification check (client's prediction vs the proxy's hmsproxy_cache_lookups_total"
         " over the window): proxy - predicted must lie within [0, unsure + errors], give or"

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+from typing import cast
 
 from proxy.config import Options
 from proxy.handler import CallHandler, ClientGone, SessionState
@@ -31,7 +32,7 @@ from proxy.wire.binary import (
     encode_application_exception,
 )
 from proxy.wire.errors import MessageTooLarge, ProtocolError
-from proxy.wire.framing import MessageReader, Transport
+from proxy.wire.framing import MessageReader, Transport, whole_message
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +97,15 @@ class ThriftServer:
 
     async def start(self) -> None:
         context = server_context(self.options)
-        self._server = await asyncio.start_server(
-            self.serve_client,
+        loop = asyncio.get_running_loop()
+
+        def protocol() -> _ClientProtocol:  # what asyncio.start_server builds, with ours
+            return _ClientProtocol(asyncio.StreamReader(READ_SIZE, loop), self.serve_client, loop)
+
+        self._server = await loop.create_server(
+            protocol,
             self.options.listen.host,
             self.options.listen.port,
-            limit=READ_SIZE,
             reuse_address=True,
             ssl=context,
             ssl_handshake_timeout=self.options.client_message_timeout if context else None,
@@ -146,6 +151,9 @@ class ThriftServer:
             if authenticated is None:
                 return
         session = _Session(self, reader, writer, authenticated)
+        protocol = writer.transport.get_protocol()
+        if authenticated is None and isinstance(protocol, _ClientProtocol):
+            protocol.session = session  # (a SASL session's bytes are wrapped: no shortcut)
         task = asyncio.current_task()
         assert task is not None
         self._sessions[task] = session
@@ -266,6 +274,30 @@ class ThriftServer:
             await self._server.wait_closed()
 
 
+class _ClientProtocol(asyncio.StreamReaderProtocol):
+    """asyncio's stream protocol with one shortcut: a request that arrives whole while its
+    session waits for the next one, and that is a cache hit needing no await, is answered
+    here, as it arrives, without waking the session's task (on the hot path, that task's
+    wake-up, its read and its coroutines cost more than the hit itself). Everything else is
+    fed to the session's stream as asyncio would."""
+
+    session: _Session | None = None
+    transport: asyncio.WriteTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (uvloop's transports are not asyncio's classes, but have their methods)
+        self.transport = cast(asyncio.WriteTransport, transport)
+        super().connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        session = self.session
+        if session is not None and session.waiting:
+            if session.answer_now(data, self.transport):
+                return
+            session.waiting = False  # the session's read gets these bytes: no shortcut
+        super().data_received(data)
+
+
 def _peer_name(writer: ByteWriter) -> str:
     peer = writer.get_extra_info("peername")
     return f"{peer[0]}:{peer[1]}" if peer else "?"
@@ -298,6 +330,34 @@ class _Session:
         self.requests = MessageReader(self.options.client_transport, self.options.max_request_bytes)
         self.busy = False
         self._message_deadline = 0.0  # when the request being received must be complete
+        # Set while the session waits for a request with nothing buffered: then its
+        # protocol may answer a hit as it arrives (see _ClientProtocol and answer_now).
+        self.waiting = False
+        self._answered_at = 0.0  # when a request was last answered that way (idle clock)
+
+    def answer_now(self, data: bytes, transport: asyncio.WriteTransport | None) -> bool:
+        """Answer ``data`` at once if it is one whole request that is a hit needing no await
+        (:meth:`CallHandler.serve_hit_now`); ``False``: nothing was done with it. Only while
+        the client's connection has nothing waiting to be written (else the session's own
+        writes, with their backpressure, keep the order and bound memory)."""
+        if self.server.stopping or transport is None or transport.get_write_buffer_size():
+            return False
+        message = whole_message(data, self.client.transport, self.options.max_request_bytes)
+        if message is None:
+            return False
+        try:
+            answered = self.server.handler.serve_hit_now(self.state, message, self._write_now)
+        except ClientGone as exc:
+            log.debug("%s: connection ended: %s", self.state.peer, exc)
+            self.writer.close()  # the session's read then ends it
+            return True
+        if answered:
+            self.state.calls += 1
+            self._answered_at = asyncio.get_running_loop().time()
+        return answered
+
+    def _write_now(self, reply: bytes) -> None:
+        self.client._write(self.client.transport.frame(reply))
 
     def close(self) -> None:
         self.writer.close()
@@ -361,8 +421,7 @@ class _Session:
             timeout = self.options.client_idle_timeout or None
             reason = "idle"
         try:
-            async with asyncio.timeout(timeout):
-                data = await self.reader.read(READ_SIZE)
+            data = await self._read_within(timeout, partial)
         except TimeoutError:
             self.server.metrics.client_errors.labels(reason).inc()
             if partial:
@@ -390,6 +449,30 @@ class _Session:
         if not partial:
             self._message_deadline = loop.time() + self.options.client_message_timeout
         return data
+
+    async def _read_within(self, timeout: float | None, partial: bool) -> bytes:
+        """The next bytes, within ``timeout``. Between requests the protocol may answer hits
+        meanwhile (``waiting``): the idle clock then runs from the last of them."""
+        if partial:
+            async with asyncio.timeout(timeout):
+                return await self.reader.read(READ_SIZE)
+        loop = asyncio.get_running_loop()
+        self._answered_at = loop.time()
+        idle = timeout
+        while True:
+            self.waiting = True
+            try:
+                async with asyncio.timeout(timeout):
+                    return await self.reader.read(READ_SIZE)
+            except TimeoutError:
+                if idle is None:
+                    raise
+                left = self._answered_at + idle - loop.time()
+                if left <= 0:
+                    raise
+                timeout = left  # requests were answered meanwhile: not idle
+            finally:
+                self.waiting = False
 
     async def _reject(
         self,

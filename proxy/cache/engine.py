@@ -29,6 +29,7 @@ from typing import Protocol
 from proxy import idl
 from proxy.cache.decide import Result, Verdict, fingerprints_footprint
 from proxy.cache.dictionaries import Dictionaries
+from proxy.cache.entry import Payload
 from proxy.cache.fences import LockFences
 from proxy.cache.l1 import L1
 from proxy.cache.partition_reads import PartitionReads
@@ -189,6 +190,19 @@ class CacheEngine:
             return await self.partitions.read(plan, call)
         # Assembly off (the metastore was seen out of name order): cached whole instead.
         return await self.whole.read(plan, call)
+
+    def hit_now(
+        self, spec: MethodSpec, message: Message, identity: bytes | None, largest: int
+    ) -> Payload | None:
+        """The cached reply (at most ``largest`` bytes) to a cacheable read on a shared
+        connection, if it is a hit that needs no await (see :meth:`WholeReads.hit_now`);
+        ``None``: take :meth:`read`, which decides again (nothing was counted)."""
+        plan = self.plan_read(spec, message, identity)
+        if plan is None:
+            return None
+        if plan.partitions is not None and self.partitions.assemble:
+            return self.partitions.hit_now(plan, largest)
+        return self.whole.hit_now(plan, largest)
 
     # -- the whole cache -------------------------------------------------------------------
 

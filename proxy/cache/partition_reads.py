@@ -33,6 +33,7 @@ from proxy.cache.decide import (
     partition_fingerprint,
 )
 from proxy.cache.dictionaries import Dictionaries
+from proxy.cache.entry import Payload
 from proxy.cache.keys import EPOCH, Naming, partition_field
 from proxy.cache.l1 import L1
 from proxy.cache.plan import PartitionPlan, ReadPlan
@@ -129,6 +130,25 @@ class PartitionReads:
         if whole:
             return Served(await call.send(reply.data), "upstream")
         return Served(await call.send(self._assembled(plan, seqid, {**known, **got})), "upstream")
+
+    def hit_now(self, plan: ReadPlan, largest: int) -> Payload | None:
+        """The repeated request's whole reply, if it is a hit that needs no await (as
+        :meth:`WholeReads.hit_now`); ``None``: take :meth:`read`."""
+        pp = plan.partitions
+        assert pp is not None
+        front = self.l1.get(plan.key) if self.l1 is not None else None
+        if front is None or not self.assemble or self.pending.pending:
+            return None
+        known = self.store.local(plan.grouped)  # the whole reply's versions
+        if known is None:
+            return None
+        verdict = judge(plan.refs, known, front, now=time.time(), serve_iceberg=True)
+        if not verdict.hit or len(verdict.reply) > largest:
+            return None
+        self.metrics.cache_lookups.labels(method_label(plan.method), verdict.result.value).inc()
+        if self.seen is not None:
+            self.seen.looked_up(pp.table, verdict.result is Result.HIT)
+        return verdict.reply
 
     async def lookup(self, plan: ReadPlan) -> PartitionLookup:
         pp = plan.partitions

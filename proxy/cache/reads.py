@@ -219,6 +219,26 @@ class WholeReads:
                 self._turns.pop(key, None)
         return Served(outcome, "upstream")
 
+    def hit_now(self, plan: ReadPlan, largest: int) -> Payload | None:
+        """The reply to serve, if the call is a hit that needs no await: its entry and its
+        versions are in process (the decoded front, and the embedded store's versions or
+        the copy Redis keeps coherent), and no invalidation is pending. ``None``: take
+        :meth:`read` (nothing was counted), as for replies over ``largest`` bytes (the
+        ordinary way writes those in slices). Iceberg entries always read Redis."""
+        front = self.l1.get(plan.key) if self.l1 is not None else None
+        if front is None or front.iceberg or self.pending.pending:
+            return None
+        versions = self.store.local(plan.grouped)
+        if versions is None:
+            return None
+        verdict = judge(plan.refs, versions, front, now=time.time(), serve_iceberg=True)
+        if not verdict.hit or len(verdict.reply) > largest:
+            return None
+        self.metrics.cache_lookups.labels(method_label(plan.method), verdict.result.value).inc()
+        if plan.table is not None and self.seen is not None:
+            self.seen.looked_up(plan.table, True)
+        return verdict.reply
+
     async def lookup(self, plan: ReadPlan) -> Verdict:
         if self.pending.pending and not await self.pending.settled():
             return BYPASS

@@ -155,15 +155,7 @@ class MemoryStore:
         self, versions: Mapping[str, Sequence[str]], entries: Sequence[str], *, fresh: bool = False
     ) -> tuple[Versions, Found]:
         now = time.monotonic()
-        got: Versions = {}
-        for key, names in versions.items():
-            fields = self._versions.get(key)
-            if fields is not None:
-                self._versions.move_to_end(key)
-            got[key] = {n: (fields or {}).get(n) for n in names}
-            marks = self._marks.get(key)
-            if marks:
-                note_fences(got[key], marks)
+        got = self._current(versions)
         values: Found = {}
         for key in entries:
             item = self._entries.get(key)
@@ -177,7 +169,20 @@ class MemoryStore:
         return got, values
 
     def local(self, versions: Mapping[str, Sequence[str]]) -> Versions | None:
-        return None  # a look-up here is in process already
+        """The versions part of :meth:`lookup` (everything here is in process)."""
+        return self._current(versions)
+
+    def _current(self, versions: Mapping[str, Sequence[str]]) -> Versions:
+        got: Versions = {}
+        for key, names in versions.items():
+            fields = self._versions.get(key)
+            if fields is not None:
+                self._versions.move_to_end(key)
+            got[key] = {n: (fields or {}).get(n) for n in names}
+            marks = self._marks.get(key)
+            if marks:
+                note_fences(got[key], marks)
+        return got
 
     async def ensure_epochs(self, keys: Sequence[str]) -> dict[str, bytes]:
         out = {}

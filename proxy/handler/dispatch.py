@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from proxy import catalog, idl
 from proxy.cache import locks
@@ -26,11 +27,15 @@ from proxy.handler.reads import cached_read
 from proxy.handler.session import ClientGone, NoReply, SessionState
 from proxy.handler.writes import Writes
 from proxy.metrics import Metrics, method_label
-from proxy.upstream import ClientChannel, UpstreamPool
-from proxy.wire.binary import AppErrorType, MessageType
+from proxy.upstream import ClientChannel, UpstreamPool, result_outcome
+from proxy.wire.binary import AppErrorType, MessageType, reseq
 from proxy.wire.framing import Message
 
 log = logging.getLogger(__name__)
+
+# Replies up to this size may be written at once by serve_hit_now (one copy, one write);
+# larger ones take the ordinary way, written in slices with backpressure.
+IMMEDIATE_REPLY_BYTES = 1 << 20
 
 
 class CallHandler:
@@ -101,6 +106,41 @@ class CallHandler:
             return
         self.metrics.requests.labels(label, outcome).inc()
         self.metrics.request_duration.labels(label, source).observe(time.perf_counter() - started)
+
+    def serve_hit_now(
+        self, session: SessionState, message: Message, write: Callable[[bytes], None]
+    ) -> bool:
+        """Answer a call that is a cache hit needing no await (see
+        :meth:`CacheEngine.hit_now`) through ``write``, at once: no task, no coroutine, the
+        same reply, metrics and outcome as :meth:`handle` gives it. ``False``: nothing was
+        written or counted; the call takes :meth:`handle`. ``write`` raises ConnectionError
+        when the client is gone (then ClientGone, counted as :meth:`handle` counts it)."""
+        cache = self.cache
+        header = message.header
+        if cache is None or header.type != MessageType.CALL or session.pinned is not None:
+            return False
+        spec = catalog.lookup(header.name)
+        if spec is None or spec.kind is not Kind.CACHEABLE_READ:
+            return False
+        started = time.perf_counter()
+        try:
+            reply = cache.hit_now(spec, message, session.cache_identity, IMMEDIATE_REPLY_BYTES)
+        except Exception:  # the ordinary way answers it (and reports what went wrong)
+            log.debug("%s: no immediate answer to %s", session.peer, header.name, exc_info=True)
+            return False
+        if reply is None:
+            return False
+        head, at, mtype = reseq(reply, header.seqid)
+        label = method_label(header.name)
+        try:
+            write(head + memoryview(reply)[at:])
+        except ConnectionError as exc:
+            self.metrics.requests.labels(label, "client_gone").inc()
+            raise ClientGone(f"client connection lost: {exc}") from exc
+        outcome = result_outcome(mtype, bytes(reply[at : at + 3]))
+        self.metrics.requests.labels(label, outcome).inc()
+        self.metrics.request_duration.labels(label, "cache").observe(time.perf_counter() - started)
+        return True
 
     def end_session(self, session: SessionState) -> None:
         self.identities.end_session(session)

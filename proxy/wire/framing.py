@@ -58,6 +58,28 @@ class Piece:
     message: Message | None  # the whole message, on the last piece in ``keep`` mode
 
 
+def whole_message(data: bytes, transport: Transport, max_size: int) -> Message | None:
+    """The one complete message ``data`` holds, if it holds exactly one and nothing more
+    (what a client waiting for each reply sends in one piece); ``None`` otherwise, bad bytes
+    included: a :class:`MessageReader` then takes ``data`` the ordinary way and says why."""
+    start = 4 if transport is Transport.FRAMED else 0
+    end = len(data)
+    if end - start > max_size:
+        return None
+    if transport is Transport.FRAMED and (end < 4 or _FRAME.unpack_from(data, 0)[0] != end - 4):
+        return None
+    try:
+        header = parse_header(data, start, end)
+        if header is None:
+            return None
+        scanner = StructScanner(start + header.length, end)
+        if not scanner.scan(data, end) or scanner.pos != end:
+            return None
+    except (ProtocolError, LimitExceeded):
+        return None
+    return Message(header, data[start:] if start else data)
+
+
 class MessageReader:
     """Splits bytes from one peer into messages.
 

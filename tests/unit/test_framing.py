@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from proxy.wire.binary import MessageType
 from proxy.wire.errors import MessageTooLarge, ProtocolError
-from proxy.wire.framing import MessageReader, Transport
+from proxy.wire.framing import MessageReader, Transport, whole_message
 from tests.thrift_values import encode, message, structs
 
 TRANSPORTS = [Transport.BUFFERED, Transport.FRAMED]
@@ -45,6 +45,23 @@ def test_pipelined_messages_come_out_whole(
     reader = MessageReader(transport, 1 << 20)
     assert feed_in_pieces(reader, wire, cuts) == messages
     assert reader.buffered == 0
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@settings(max_examples=150, deadline=None)
+@given(body=structs(2), cut=st.integers(0, 3000), extra=st.binary(min_size=1, max_size=8))
+def test_whole_message_is_one_complete_message_and_nothing_else(
+    transport: Transport, body: object, cut: int, extra: bytes
+) -> None:
+    # What the listener's shortcut answers at once: a piece that is exactly one message.
+    # Anything else (a part, a message and more, garbage) is left to a MessageReader.
+    data = message("get_table", MessageType.CALL, 3, encode(body))  # type: ignore[arg-type]
+    wire = transport.frame(data)
+    found = whole_message(wire, transport, 1 << 20)
+    assert found is not None and found.data == data and found.header.seqid == 3
+    assert whole_message(wire[: cut % len(wire)], transport, 1 << 20) is None
+    assert whole_message(wire + extra, transport, 1 << 20) is None
+    assert whole_message(wire, transport, len(data) - 1) is None  # over the size limit
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

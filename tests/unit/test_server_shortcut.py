@@ -1,0 +1,194 @@
+"""The listener's shortcut for hits: a request that arrives whole while its session waits,
+and is a hit needing no await, is answered by the connection's protocol as it arrives (see
+proxy.server._ClientProtocol). On a loopback port, through the real protocol (the socket
+pairs of test_server.py enter a session past it)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from proxy import idl
+from proxy.server import ThriftServer
+from tests.rig.raw import seqid_of
+from tests.unit.inprocess import Rig, rig
+from tests.unit.scripted_hms import message_length, table
+
+DB, T = "db", "t"
+
+
+class Counted:
+    """Counts the calls that took the ordinary way (CallHandler.handle)."""
+
+    def __init__(self, r: Rig) -> None:
+        self.calls = 0
+        handle = r.handler.handle
+
+        async def counted(*args: Any) -> None:
+            self.calls += 1
+            await handle(*args)
+
+        r.handler.handle = counted  # type: ignore[method-assign]
+
+
+class Client:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, framed: bool):
+        self.reader, self.writer, self.framed = reader, writer, framed
+        self.buffer = b""
+
+    def wire(self, call: bytes) -> bytes:
+        return struct.pack(">i", len(call)) + call if self.framed else call
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def reply(self) -> bytes:
+        while True:
+            if self.framed and len(self.buffer) >= 4:
+                n: int | None = 4 + struct.unpack_from(">i", self.buffer)[0]
+                n = n if n is not None and len(self.buffer) >= n else None
+            else:
+                n = None if self.framed else message_length(self.buffer)
+            if n is not None:
+                message, self.buffer = self.buffer[:n], self.buffer[n:]
+                return message[4:] if self.framed else message
+            data = await self.reader.read(1 << 16)
+            assert data, "the proxy closed the connection"
+            self.buffer += data
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(ConnectionError):
+            await self.writer.wait_closed()
+
+    async def call(self, request: bytes) -> bytes:
+        await self.send(self.wire(request))
+        return await self.reply()
+
+
+@contextlib.asynccontextmanager
+async def listening(**values: Any) -> AsyncIterator[tuple[Rig, Counted, int]]:
+    async with rig(listen="127.0.0.1:0", **values) as r:
+        server = ThriftServer(r.options, r.handler, r.metrics)
+        counted = Counted(r)
+        await server.start()
+        try:
+            yield r, counted, server.ports[0]
+        finally:
+            await server.stop(0)
+
+
+async def connect(r: Rig, port: int) -> Client:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    return Client(reader, writer, r.options.client_transport == "framed")
+
+
+def get_table(seqid: int) -> bytes:
+    return idl.encode_call("get_table", seqid, dbname=DB, tbl_name=T)
+
+
+@pytest.mark.parametrize("transport", ["buffered", "framed"])
+def test_a_hit_is_answered_as_it_arrives_with_the_hms_bytes(transport: str) -> None:
+    async def run() -> None:
+        async with listening(client_transport=transport) as (r, counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            assert await client.call(get_table(1)) == r.hms.answer(
+                "get_table", 1, dbname=DB, tbl_name=T
+            )
+            assert counted.calls == 1  # the miss, the ordinary way
+            for seqid in range(2, 6):
+                reply = await client.call(get_table(seqid))
+                assert reply == r.hms.answer("get_table", seqid, dbname=DB, tbl_name=T)
+            assert counted.calls == 1  # the hits, at once
+            assert r.hms.calls["get_table"] == 1
+            hits = r.sample("hmsproxy_cache_lookups_total", method="get_table", result="hit")
+            assert hits == 4
+            assert r.requests("get_table", "ok") == 5
+            served = r.sample(
+                "hmsproxy_request_duration_seconds_count", method="get_table", source="cache"
+            )
+            assert served == 4
+            missing = idl.encode_call("get_table", 7, dbname=DB, tbl_name="none")
+            first = await client.call(missing)
+            assert await client.call(missing) == first  # a negative hit, at once too
+            assert counted.calls == 2
+            assert r.requests("get_table", "user_error") == 2
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_pipelined_split_and_write_calls_take_the_ordinary_way_in_order() -> None:
+    async def run() -> None:
+        async with listening() as (r, counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(get_table(1))
+            await client.send(get_table(2) + get_table(3))  # two in one piece
+            assert [seqid_of(await client.reply()) for _ in range(2)] == [2, 3]
+            assert counted.calls == 3
+            request = get_table(4)
+            await client.send(request[:10])  # one request in two pieces
+            await asyncio.sleep(0.05)
+            await client.send(request[10:])
+            assert seqid_of(await client.reply()) == 4
+            assert counted.calls == 4
+            # A write through the same connection, then a read of what it changed: the
+            # written table, though the read before it was a hit.
+            new = table(DB, T, v="2")
+            write = idl.encode_call("alter_table", 5, dbname=DB, tbl_name=T, new_tbl=new)
+            await client.call(write)
+            after = await client.call(get_table(6))
+            assert after == r.hms.answer("get_table", 6, dbname=DB, tbl_name=T)
+            assert r.hms.calls["get_table"] == 2
+            assert await client.call(get_table(7)) == r.hms.answer(
+                "get_table", 7, dbname=DB, tbl_name=T
+            )
+            assert counted.calls == 6  # the two calls above; the last one was a hit at once
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_the_idle_clock_runs_from_the_last_request_answered_at_once() -> None:
+    async def run() -> None:
+        async with listening(client_idle_timeout=0.4) as (r, counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(get_table(1))
+            for seqid in range(2, 12):  # a second of hits, each within the idle timeout
+                await asyncio.sleep(0.1)
+                assert seqid_of(await client.call(get_table(seqid))) == seqid
+            assert counted.calls == 1
+            assert await client.reader.read() == b""  # then idle: closed
+            assert r.sample("hmsproxy_client_errors_total", reason="idle") == 1
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_replies_over_the_immediate_limit_take_the_ordinary_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A big reply is written in slices with backpressure, never as one copy and one write.
+    monkeypatch.setattr("proxy.handler.dispatch.IMMEDIATE_REPLY_BYTES", 100)
+
+    async def run() -> None:
+        async with listening() as (r, counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            for seqid in (1, 2, 3):
+                reply = await client.call(get_table(seqid))
+                assert reply == r.hms.answer("get_table", seqid, dbname=DB, tbl_name=T)
+            assert counted.calls == 3
+            assert r.sample("hmsproxy_cache_lookups_total", method="get_table", result="hit") == 2
+            await client.close()
+
+    asyncio.run(run())
