@@ -145,10 +145,20 @@ def _fingerprint_of(epoch: bytes | None, scope: bytes | None, own: bytes | None)
 FINGERPRINT_ENTRY_BYTES = 300
 
 
+# A whole reply's remembered fingerprint keeps up to 16 values alive: a bound of ~40 bytes a
+# value on top of the above (version values are short tokens), not a measurement.
+WHOLE_FINGERPRINT_ENTRY_BYTES = FINGERPRINT_ENTRY_BYTES + 16 * 40
+
+
 def fingerprints_footprint() -> tuple[int, int]:
-    """(entries, bytes) of the remembered partition fingerprints (bounded by count)."""
-    entries = _fingerprint_of.cache_info().currsize
-    return entries, entries * FINGERPRINT_ENTRY_BYTES
+    """(entries, bytes) of the remembered fingerprints, partitions' and whole replies'
+    (both bounded by count)."""
+    partitions = _fingerprint_of.cache_info().currsize
+    whole = _fingerprint.cache_info().currsize
+    return (
+        partitions + whole,
+        partitions * FINGERPRINT_ENTRY_BYTES + whole * WHOLE_FINGERPRINT_ENTRY_BYTES,
+    )
 
 
 def judge_partition(

@@ -156,7 +156,7 @@ class PartitionReads:
         if not self.assemble or (self.pending.pending and not await self.pending.settled()):
             return PartitionLookup(Result.BYPASS)
         key = self.naming.versions(pp.tag)
-        wanted = dict(pp.wanted)
+        wanted = pp.wanted_fields
         entry_keys = pp.entry_keys
         l1 = self.l1
         whole_front = l1.get(plan.key) if l1 is not None else None

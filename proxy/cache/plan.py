@@ -98,6 +98,11 @@ class PartitionPlan:
     # Every version field a look-up reads (the plan's and each partition's), by hash: the
     # same on every hit, so worked out once, here (see :func:`group`).
     wanted: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # ``wanted`` as the store's look-up takes it, made once.
+    wanted_fields: dict[str, tuple[str, ...]] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "wanted_fields", dict(self.wanted))
 
 
 @dataclass(frozen=True, slots=True)

@@ -399,11 +399,15 @@ class RedisStore:
     # -- the Store interface ---------------------------------------------------------------
 
     def local(self, versions: Mapping[str, Sequence[str]]) -> Versions | None:
-        """The versions asked for, from the mirror, if it may answer for all of them."""
+        """The versions asked for, from the mirror, if it may answer for all of them
+        (counted as a look-up answered in process)."""
         mirror = self.mirror
         if mirror is None or not mirror.trusted(time.monotonic()):
             return None
-        return mirror.get(versions)
+        known = mirror.get(versions)
+        if known is not None:
+            self._local.inc()
+        return known
 
     async def lookup(
         self, versions: Mapping[str, Sequence[str]], entries: Sequence[str], *, fresh: bool = False
@@ -412,7 +416,6 @@ class RedisStore:
         if mirror is not None and not entries and not fresh:
             known = self.local(versions)
             if known is not None:
-                self._local.inc()
                 return known, {}
         if not self.breaker.ready():
             raise CacheUnavailable("redis backing off after errors")
@@ -447,14 +450,19 @@ class RedisStore:
             ops.append(op("hsetnx", key, EPOCH, new_epoch()))
             ops.append(op("expire", key, self.version_ttl))
             ops.append(op("hget", key, EPOCH))
-        try:
-            results = await self._run("version", ops)
-        finally:
-            self._changed(keys)
+        results = await self._run_changing("version", ops, keys)
         now = time.monotonic()
         for key in keys:
             self._touched[key] = now
         return {key: results[i * 3 + 2] for i, key in enumerate(keys)}
+
+    async def _run_changing(self, operation: str, ops: list[Op], keys: Sequence[str]) -> list[Any]:
+        """:meth:`_run` of operations that change ``keys``: the mirror forgets them once
+        Redis has answered, or failed to (it may have taken them)."""
+        try:
+            return await self._run(operation, ops)
+        finally:
+            self._changed(keys)
 
     def _changed(self, keys: Sequence[str]) -> None:
         """This store changed ``keys`` (or may have: called whether or not Redis answered)."""
@@ -477,10 +485,7 @@ class RedisStore:
         touched = self._to_touch(touch)
         for key in touched:
             ops.append(op("expire", key, self.version_ttl))
-        try:
-            await self._run("set", ops)
-        finally:
-            self._changed(touched)
+        await self._run_changing("set", ops, touched)
 
     def _bump_commands(self, bumps: Sequence[Bump]) -> list[resp.Command]:
         return bump_commands(bumps, self.version_ttl)
@@ -498,10 +503,7 @@ class RedisStore:
         except CacheUnavailable:
             # Out of memory refuses HINCRBY but allows DEL: drop the hashes instead.
             self.breaker.try_now()  # one immediate attempt: invalidation matters
-            try:
-                await self._run("delete", [op("delete", k) for k in keys])
-            finally:
-                self._changed(keys)
+            await self._run_changing("delete", [op("delete", k) for k in keys], keys)
         else:
             self._changed(keys)
 
@@ -530,10 +532,8 @@ class RedisStore:
             ops.append(op("hset", fence_key(key), intent, deadline))
             ops.append(op("pexpire", fence_key(key), self._fence_life_ms(seconds)))
             ops.append(op("hgetall", fence_key(key)))
-        try:
-            results = await self._run("version", ops + self._bump_ops(bumps))
-        finally:
-            self._changed([*keys, *(b.key for b in bumps)])
+        changed = [*keys, *(b.key for b in bumps)]
+        results = await self._run_changing("version", ops + self._bump_ops(bumps), changed)
         out: dict[str, list[str]] = {}
         for i, key in enumerate(keys):
             found = results[i * 3 + 2] or {}
@@ -553,10 +553,7 @@ class RedisStore:
         await self.bump(bumps)
         ops = [op("hdel", fence_key(key), intent) for key in keys]
         ops += [op("hdel", fence_key(key), name) for key, name in also]
-        try:
-            await self._run("version", ops)
-        finally:
-            self._changed([*keys, *(key for key, _ in also)])
+        await self._run_changing("version", ops, [*keys, *(key for key, _ in also)])
 
     async def mark(
         self, items: Sequence[tuple[str, str]], deadline: float, bumps: Sequence[Bump] = ()
@@ -593,10 +590,8 @@ class RedisStore:
     async def unmark(self, items: Sequence[tuple[str, str]]) -> int:
         if not items:
             return 0
-        try:
-            results = await self._run("version", [op("hdel", fence_key(k), n) for k, n in items])
-        finally:
-            self._changed([k for k, _ in items])
+        ops = [op("hdel", fence_key(k), n) for k, n in items]
+        results = await self._run_changing("version", ops, [k for k, _ in items])
         return sum(int(r) for r in results)
 
     async def marks(self, keys: Sequence[str]) -> dict[str, dict[str, float]]:
