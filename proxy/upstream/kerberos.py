@@ -105,7 +105,13 @@ class KerberosUpstream:
 
     async def _digest(self, negotiator: Negotiator, user: str) -> SecurityLayer:
         assert self.tokens is not None
-        token = await self.tokens.token(user)
+        # Fetched by prepare(), before the pool slot this connection holds was taken: a fetch
+        # here would wait for a connection of the proxy's own while holding one (with every
+        # slot so held, until the callers' patience ran out). None held: the pool frees the
+        # slot, prepares again and retries once.
+        token = self.tokens.held(user)
+        if token is None:
+            raise UpstreamAuthFailed(f"no delegation token of {user} held yet", retry=True)
         # The same rule as GSSAPI's: the weakest protection offered, at least --sasl-qop's.
         client = DigestClient.for_token(token, qops=at_least(self.qops))
         try:

@@ -34,6 +34,10 @@ from proxy.wire.framing import Message
 log = logging.getLogger(__name__)
 
 TOKEN_TTL = 3600.0
+# How long past its replacement time a held token is still used for a connection opened in a
+# pool slot (a call may have waited that long for its slot): well within Hadoop's renewal
+# interval (a day by default) of a token replaced every TOKEN_TTL.
+HELD_GRACE = 900.0
 
 # ``ask(method, **args)``: one call on the proxy's own (Kerberos) metastore connection.
 Ask = Callable[..., Awaitable[Message]]
@@ -75,6 +79,19 @@ class TokenBroker:
             self._flights[user] = flight
             flight.add_done_callback(lambda _: self._flights.pop(user, None))
         return (await asyncio.shield(flight)).token
+
+    def held(self, user: str) -> HadoopToken | None:
+        """``user``'s token as held now, never fetched: for a connection being opened in a
+        pool slot (:meth:`token` ran before the slot was taken; a fetch now would need a
+        connection of its own while holding one). Still given a while after it was due for
+        replacement (``HELD_GRACE``), never near its own end."""
+        held = self._held.get(user)
+        if held is None:
+            return None
+        max_date = held.identifier.max_date / 1000 if held.identifier.max_date else float("inf")
+        if self.clock() >= min(held.replace_at + HELD_GRACE, max_date - 60):
+            return None
+        return held.token
 
     def forget(self, user: str, token: HadoopToken) -> None:
         """The HMS refused ``token`` (it no longer knows it): the next connection fetches anew."""

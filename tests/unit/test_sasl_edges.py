@@ -27,7 +27,7 @@ from proxy.sasl.stream import ByteReader, ByteWriter, Negotiator
 from proxy.sasl.tokens import HadoopToken, TokenIdentifier
 from proxy.upstream import Identity, UpstreamAuthFailed, UpstreamPool
 from proxy.upstream.token_relay import DigestRelay
-from proxy.upstream.tokens import TokenBroker
+from proxy.upstream.tokens import HELD_GRACE, TokenBroker
 from proxy.wire.binary import MessageType, encode_header
 from proxy.wire.framing import Message, MessageReader, Transport
 from tests.unit.inprocess import message, rig
@@ -340,6 +340,32 @@ def test_one_fetch_per_user_however_many_connections_wait() -> None:
         broker.forget("alice", tokens[0])  # an old token: the held one stays
         await broker.token("alice")
         assert hms.asked == ["alice", "alice"]
+
+    asyncio.run(closing(run()))
+
+
+def test_a_held_token_is_given_without_a_fetch_and_not_near_its_end() -> None:
+    # What a connection opened in a pool slot uses: never a fetch (it would need a slot of
+    # its own), a token a while past its replacement time, never one about to expire.
+    async def run() -> None:
+        hms = Metastore(lambda owner: {"success": token_text(owner)})
+        clock = [1000.0]
+        broker = TokenBroker(hms.ask, "proxy/h@R", Metrics(), clock=lambda: clock[0], ttl=3600)
+        assert broker.held("alice") is None and hms.asked == []
+        token = await broker.token("alice")
+        assert broker.held("alice") == token
+        clock[0] += 3600 + HELD_GRACE - 1  # due for replacement, still given
+        assert broker.held("alice") == token and hms.asked == ["alice"]
+        clock[0] += 2
+        assert broker.held("alice") is None
+        broker.forget("alice", token)
+        assert broker.held("alice") is None
+        ending = Metastore(lambda owner: {"success": token_text(owner, max_date=1_100_000)})
+        short = TokenBroker(ending.ask, "proxy/h@R", Metrics(), clock=lambda: 1000.0)
+        await short.token("bob")  # ends at 1,100 s: a minute before, it is given no more
+        assert short.held("bob") is not None
+        short.clock = lambda: 1041.0
+        assert short.held("bob") is None
 
     asyncio.run(closing(run()))
 
