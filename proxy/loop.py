@@ -38,3 +38,11 @@ def guarded_write(writer: _Writer, data: bytes | bytearray | memoryview) -> None
         writer.write(data)
     except RuntimeError as exc:
         raise ConnectionResetError(f"the connection is closed: {exc}") from exc
+
+
+def closed_transport(exc: BaseException) -> bool:
+    """Whether ``exc`` is uvloop's RuntimeError for an operation on a transport already
+    closed ("the handler is closed"), which asyncio's loop ignores or raises as an OSError:
+    a connection lost, not a bug. (Libraries written for asyncio's loop, redis-py among
+    them, let it through.)"""
+    return isinstance(exc, RuntimeError) and "handler is closed" in str(exc)

@@ -52,6 +52,7 @@ from proxy.cache.redis_commands import (
 from proxy.cache.redis_tls import refusal
 from proxy.cache.store import CacheUnavailable, Found, Versions, new_epoch, note_fences
 from proxy.cache.tracking import InvalidationStreams, Place
+from proxy.loop import closed_transport
 from proxy.metrics import Metrics
 from proxy.retry import Backoff, Breaker
 from proxy.tasks import background
@@ -74,6 +75,14 @@ TOUCHED_KEYS = 50_000
 # follow-ups, retried invalidations). With no client limit, no pool limit either.
 OWN_OPERATIONS = 64
 NO_LIMIT = 2**31 - 1
+
+
+def redis_failure(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by redis-py, means Redis could not be reached or answer (the
+    store fails open), not a bug: its errors, the socket's, a deadline, and on uvloop a
+    write to a connection that was closed meanwhile (seen under load: redis-py's connect
+    wrote to a transport uvloop had closed)."""
+    return isinstance(exc, (RedisError, OSError, TimeoutError)) or closed_transport(exc)
 
 
 class RedisStore:
@@ -206,7 +215,9 @@ class RedisStore:
                 fast: dict[tuple[str, int] | str, resp.RespConnection] = {
                     where: await self._open_fast(where) for where in places
                 }
-        except (RedisError, OSError, TimeoutError, resp.RespError) as exc:
+        except Exception as exc:
+            if not (redis_failure(exc) or isinstance(exc, resp.RespError)):
+                raise
             with contextlib.suppress(Exception):
                 await client.aclose()
             self._failed("connect", exc)
@@ -283,7 +294,9 @@ class RedisStore:
                 for name, args, kwargs in ops:
                     getattr(pipe, name)(*args, **kwargs)
                 results: list[Any] = await pipe.execute(raise_on_error=False)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except Exception as exc:
+            if not redis_failure(exc):
+                raise
             self._failed(operation, exc)
             raise CacheUnavailable(str(exc) or type(exc).__name__) from exc
         errors = [r for r in results if isinstance(r, Exception)]
@@ -316,7 +329,11 @@ class RedisStore:
             str(exc) or type(exc).__name__,  # a timeout has no text of its own
             opened.delay,
         )
-        if isinstance(exc, (OSError, TimeoutError)) or "connect" in str(exc).lower():
+        if (
+            isinstance(exc, (OSError, TimeoutError))
+            or closed_transport(exc)
+            or "connect" in str(exc).lower()
+        ):
             self._drop_client()
 
     def _drop_client(self) -> None:
@@ -632,7 +649,9 @@ class RedisStore:
                         batch = []
                 if batch:
                     removed += await self._unlink(client, batch)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except Exception as exc:
+            if not redis_failure(exc):
+                raise
             self._failed("delete", exc)
             raise CacheUnavailable(str(exc)) from exc
         finally:
@@ -653,7 +672,9 @@ class RedisStore:
             client = self._ready_client()
             async with asyncio.timeout(max(self.timeout, 1.0)):
                 await client.ping()
-        except (RedisError, OSError, TimeoutError, CacheUnavailable):
+        except Exception as exc:
+            if not (redis_failure(exc) or isinstance(exc, CacheUnavailable)):
+                raise
             return False
         return True
 

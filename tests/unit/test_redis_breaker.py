@@ -7,9 +7,14 @@ breaker with a real, frozen and killed Redis is tested in tests/integration/test
 
 from __future__ import annotations
 
+import asyncio
 import random
+from typing import Any
 
-from proxy.cache.redis_store import TIMEOUTS_TO_OPEN, RedisStore
+import pytest
+
+from proxy.cache.redis_store import TIMEOUTS_TO_OPEN, RedisStore, redis_failure
+from proxy.cache.store import CacheUnavailable
 from proxy.metrics import Metrics
 from proxy.retry import Backoff, Breaker
 
@@ -173,3 +178,38 @@ def test_the_store_says_when_redis_answers_again() -> None:
     assert store.available
     store._succeeded()
     assert store.metrics.registry.get_sample_value("hmsproxy_cache_available") == 1
+
+
+def test_a_write_to_a_connection_uvloop_closed_is_redis_failing_not_a_bug() -> None:
+    # Seen under load on uvloop: redis-py's connect wrote to a transport uvloop had closed
+    # ("the handler is closed", a RuntimeError), which reached the client as an internal
+    # error. It is Redis failing: the store fails open and drops its client.
+    async def run() -> None:
+        store = _store()
+
+        class Closed:
+            def pipeline(self, transaction: bool) -> Any:
+                return self
+
+            def get(self, key: str) -> None:
+                pass
+
+            async def execute(self, raise_on_error: bool) -> Any:
+                raise RuntimeError(
+                    "unable to perform operation on <TCPTransport closed=True>; the handler is"
+                    " closed"
+                )
+
+            async def aclose(self) -> None:
+                pass
+
+        store._client = Closed()
+        with pytest.raises(CacheUnavailable):
+            await store._run("get", [("get", ("k",), {})])
+        assert store._client is None  # dropped: the next operation connects afresh
+        assert not store.available
+        assert redis_failure(RuntimeError("the handler is closed"))
+        assert not redis_failure(RuntimeError("coroutine was never awaited"))  # a bug: raised
+        await store.close()
+
+    asyncio.run(run())
