@@ -27,6 +27,7 @@ from proxy.follower import NotificationFollower
 from proxy.handler import CallHandler
 from proxy.http import MetricsServer
 from proxy.listing.service import ListingService
+from proxy.memory import keep_trimming
 from proxy.metrics import Metrics
 from proxy.server import ThriftServer
 from proxy.status import Activity, render
@@ -64,6 +65,7 @@ class Proxy:
     admin: AdminServer | None = None
     kerberos: Kerberos | None = None
     _login_task: asyncio.Task[None] | None = None
+    _trim_task: asyncio.Task[None] | None = None
 
     @classmethod
     def build(cls, options: Options, metrics: Metrics | None = None) -> Proxy:
@@ -158,6 +160,8 @@ class Proxy:
         if self.cache is not None:
             self.cache.locks.start()
         tune_garbage_collector()
+        if self.options.malloc_trim_seconds > 0:
+            self._trim_task = asyncio.create_task(keep_trimming(self.options.malloc_trim_seconds))
         log.info(
             "hms-cache-proxy listening on %s (metrics on %s, admin on %s), metastore %s",
             self.options.listen,
@@ -169,8 +173,9 @@ class Proxy:
     async def stop(self) -> None:
         if self.admin is not None:
             await self.admin.not_ready()
-        if self._login_task is not None:
-            self._login_task.cancel()
+        for task in (self._login_task, self._trim_task):
+            if task is not None:
+                task.cancel()
         if self.follower is not None:
             await self.follower.stop()
         await self.thrift.stop(self.options.drain_timeout)

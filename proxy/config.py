@@ -770,6 +770,14 @@ class Options:
     log_level: str = _opt(
         "info", choice("debug", "info", "warning", "error"), "log level", metavar="LEVEL"
     )
+    malloc_trim_seconds: float = _opt(
+        60.0,
+        parse_non_negative_seconds,
+        "every this long, give the memory the allocator keeps free back to the operating "
+        "system (glibc's malloc_trim: a few ms on the event loop), so RSS follows what the "
+        "proxy holds; 0: never",
+        metavar="SECONDS",
+    )
     event_loop: str = _opt(
         "auto",
         choice("auto", "uvloop", "asyncio"),
