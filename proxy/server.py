@@ -292,7 +292,12 @@ class _ClientProtocol(asyncio.StreamReaderProtocol):
     def data_received(self, data: bytes) -> None:
         session = self.session
         if session is not None and session.waiting:
-            if session.answer_now(data, self.transport):
+            try:
+                answered = session.answer_now(data, self.transport)
+            except Exception:  # after its reply was written (see serve_hit_now): a bug
+                log.exception("%s: internal error after answering at once", session.state.peer)
+                answered = True
+            if answered:
                 return
             session.waiting = False  # the session's read gets these bytes: no shortcut
         super().data_received(data)

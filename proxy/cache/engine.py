@@ -213,7 +213,7 @@ class CacheEngine:
             "plans": footprint_of(self._plans),
             "dictionaries": self.dictionaries.footprint(),
             "lock_fences": self.locks.footprint(),
-            "partition_fingerprints": fingerprints_footprint,
+            "fingerprints": fingerprints_footprint,
         }
 
     def footprint(self) -> tuple[int, int, str]:

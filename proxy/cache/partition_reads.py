@@ -145,6 +145,7 @@ class PartitionReads:
         verdict = judge(plan.refs, known, front, now=time.time(), serve_iceberg=True)
         if not verdict.hit or len(verdict.reply) > largest:
             return None
+        self.store.served_locally()
         self.metrics.cache_lookups.labels(method_label(plan.method), verdict.result.value).inc()
         if self.seen is not None:
             self.seen.looked_up(pp.table, verdict.result is Result.HIT)

@@ -196,24 +196,26 @@ class WholeReads:
             if storable(plan, reply, max_bytes=self.max_entry_bytes, serve_iceberg=True):
                 kept.append(reply.data)
 
-        gone = True  # until its call is answered: cancelled (its client gone) or failed
+        gone = True  # until it sends: cancelled (its client gone) while waiting its turn
         try:
             if turns.sending is not None:  # wait for the call at the metastore to end
                 turns.waiting = mine
                 await asyncio.shield(turns.sending)
                 turns.waiting = None
             turns.sending = mine
-            outcome = await call.forward(keep, None)
             gone = False
+            outcome = await call.forward(keep, None)
         finally:
             if turns.waiting is mine:
                 turns.waiting = None
             if turns.sending is mine:
                 turns.sending = None
             if not mine.done():  # its readers get the reply, or ask themselves
-                # A reader that went before its call was answered leaves its joiners to
-                # take turns again (one call for them all), not to ask one each; each is
-                # still answered by a call sent after it arrived.
+                # A reader that went before sending leaves its joiners to take turns again
+                # (one call for them all), not to ask one each; each is still answered by a
+                # call sent after it arrived. (Once sent, a failure leaves them to ask one
+                # each, at once, as before: taking turns after a failure would line them up
+                # behind one another.)
                 mine.set_result(kept[0] if kept else _LEADER_GONE if gone else None)
             if turns.sending is None and turns.waiting is None:
                 self._turns.pop(key, None)
@@ -234,6 +236,7 @@ class WholeReads:
         verdict = judge(plan.refs, versions, front, now=time.time(), serve_iceberg=True)
         if not verdict.hit or len(verdict.reply) > largest:
             return None
+        self.store.served_locally()
         self.metrics.cache_lookups.labels(method_label(plan.method), verdict.result.value).inc()
         if plan.table is not None and self.seen is not None:
             self.seen.looked_up(plan.table, True)

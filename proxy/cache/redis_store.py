@@ -416,15 +416,14 @@ class RedisStore:
     # -- the Store interface ---------------------------------------------------------------
 
     def local(self, versions: Mapping[str, Sequence[str]]) -> Versions | None:
-        """The versions asked for, from the mirror, if it may answer for all of them
-        (counted as a look-up answered in process)."""
+        """The versions asked for, from the mirror, if it may answer for all of them."""
         mirror = self.mirror
         if mirror is None or not mirror.trusted(time.monotonic()):
             return None
-        known = mirror.get(versions)
-        if known is not None:
-            self._local.inc()
-        return known
+        return mirror.get(versions)
+
+    def served_locally(self) -> None:
+        self._local.inc()
 
     async def lookup(
         self, versions: Mapping[str, Sequence[str]], entries: Sequence[str], *, fresh: bool = False
@@ -433,6 +432,7 @@ class RedisStore:
         if mirror is not None and not entries and not fresh:
             known = self.local(versions)
             if known is not None:
+                self._local.inc()
                 return known, {}
         if not self.breaker.ready():
             raise CacheUnavailable("redis backing off after errors")

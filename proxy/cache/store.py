@@ -61,6 +61,9 @@ class Store(Protocol):
         """The versions asked for, if they can be known without a round trip that a
         look-up would make (``None``: ask :meth:`lookup`)."""
 
+    def served_locally(self) -> None:
+        """A hit was served on versions :meth:`local` gave (for the store's counts)."""
+
     async def ensure_epochs(self, keys: Sequence[str]) -> dict[str, bytes]: ...
 
     async def save(
@@ -171,6 +174,9 @@ class MemoryStore:
     def local(self, versions: Mapping[str, Sequence[str]]) -> Versions | None:
         """The versions part of :meth:`lookup` (everything here is in process)."""
         return self._current(versions)
+
+    def served_locally(self) -> None:
+        pass  # every look-up here is in process: nothing to tell apart
 
     def _current(self, versions: Mapping[str, Sequence[str]]) -> Versions:
         got: Versions = {}

@@ -125,19 +125,20 @@ class CallHandler:
         started = time.perf_counter()
         try:
             reply = cache.hit_now(spec, message, session.cache_identity, IMMEDIATE_REPLY_BYTES)
+            if reply is None:
+                return False
+            head, at, mtype = reseq(reply, header.seqid)
+            outcome = result_outcome(mtype, bytes(reply[at : at + 3]))
+            data = head + memoryview(reply)[at:]
         except Exception:  # the ordinary way answers it (and reports what went wrong)
             log.debug("%s: no immediate answer to %s", session.peer, header.name, exc_info=True)
             return False
-        if reply is None:
-            return False
-        head, at, mtype = reseq(reply, header.seqid)
         label = method_label(header.name)
         try:
-            write(head + memoryview(reply)[at:])
+            write(data)
         except ConnectionError as exc:
             self.metrics.requests.labels(label, "client_gone").inc()
             raise ClientGone(f"client connection lost: {exc}") from exc
-        outcome = result_outcome(mtype, bytes(reply[at : at + 3]))
         self.metrics.requests.labels(label, outcome).inc()
         self.metrics.request_duration.labels(label, "cache").observe(time.perf_counter() - started)
         return True

@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 
 from proxy import idl
+from proxy.handler import SessionState
 from proxy.server import ThriftServer
+from proxy.wire.framing import Transport, whole_message
 from tests.rig.raw import seqid_of
 from tests.unit.inprocess import Rig, rig
-from tests.unit.scripted_hms import message_length, table
+from tests.unit.scripted_hms import Slow, message_length, table, until
 
 DB, T = "db", "t"
 
@@ -167,7 +169,8 @@ def test_the_idle_clock_runs_from_the_last_request_answered_at_once() -> None:
                 await asyncio.sleep(0.1)
                 assert seqid_of(await client.call(get_table(seqid))) == seqid
             assert counted.calls == 1
-            assert await client.reader.read() == b""  # then idle: closed
+            closed = await asyncio.wait_for(client.reader.read(), 30)  # then idle: closed
+            assert closed == b""
             assert r.sample("hmsproxy_client_errors_total", reason="idle") == 1
             await client.close()
 
@@ -190,5 +193,59 @@ def test_replies_over_the_immediate_limit_take_the_ordinary_way(
             assert counted.calls == 3
             assert r.sample("hmsproxy_cache_lookups_total", method="get_table", result="hit") == 2
             await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_hit_arriving_while_an_earlier_call_is_answered_waits_its_turn() -> None:
+    async def run() -> None:
+        async with listening() as (r, counted, port):
+            r.hms.add_table(DB, T, v="1")
+            r.hms.add_table(DB, "u", v="1")
+            client = await connect(r, port)
+            await client.call(get_table(1))  # cached
+            slow = Slow()
+            r.hms.script("get_table", slow)
+            await client.send(idl.encode_call("get_table", 2, dbname=DB, tbl_name="u"))
+            await until(lambda: r.hms.calls["get_table"] == 2, "the miss at the metastore")
+            await client.send(get_table(3))  # a hit, in a piece of its own, meanwhile
+            for _ in range(50):
+                await asyncio.sleep(0.001)
+            assert client.buffer == b"" and not client.reader._buffer  # nothing answered yet
+            slow.gate.set()
+            assert [seqid_of(await client.reply()) for _ in range(2)] == [2, 3]
+            assert counted.calls == 3  # both the ordinary way
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_no_answer_at_once_on_a_pinned_connection_or_with_invalidations_pending() -> None:
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, v="1")
+            shared = SessionState("shared")
+            await r.call(shared, "get_table", 1, dbname=DB, tbl_name=T)
+            request = whole_message(get_table(2), Transport.BUFFERED, 1 << 20)
+            assert request is not None
+            out: list[bytes] = []
+            assert r.handler.serve_hit_now(shared, request, out.append)
+            assert out == [r.hms.answer("get_table", 2, dbname=DB, tbl_name=T)]
+            # A connection with a configuration of its own (setMetaConf) reads no cache.
+            pinned = SessionState("pinned")
+            await r.call(
+                pinned, "setMetaConf", 3, key="hive.metastore.batch.retrieve.max", value="7"
+            )
+            assert pinned.pinned is not None
+            assert not r.handler.serve_hit_now(pinned, request, out.append)
+            # An invalidation the store has not taken yet: no hit until it is applied.
+            assert r.cache is not None
+            r.cache.invalidations.pending.append((None, None))  # type: ignore[arg-type]
+            assert not r.handler.serve_hit_now(shared, request, out.append)
+            r.cache.invalidations.pending.clear()
+            assert r.handler.serve_hit_now(shared, request, out.append)
+            assert len(out) == 2
+            hits = r.sample("hmsproxy_cache_lookups_total", method="get_table", result="hit")
+            assert hits == 2  # the refused ones were not counted
 
     asyncio.run(run())
