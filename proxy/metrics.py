@@ -278,7 +278,7 @@ class Metrics:
         self.upstream_wait = Histogram(
             "hmsproxy_upstream_wait_seconds",
             "Time calls that had to wait for a metastore connection waited for their turn",
-            buckets=LATENCY_BUCKETS,
+            buckets=(*LATENCY_BUCKETS, 60.0, 120.0, 300.0, 600.0),  # (up to the read timeout)
             registry=r,
         )
         self.upstream_connects = _Children(

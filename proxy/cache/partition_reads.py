@@ -145,7 +145,7 @@ class PartitionReads:
         verdict = judge(plan.refs, known, front, now=time.time(), serve_iceberg=True)
         if not verdict.hit or len(verdict.reply) > largest:
             return None
-        self.store.served_locally()
+        self.store.used_local_versions()
         self.metrics.cache_lookups.labels(method_label(plan.method), verdict.result.value).inc()
         if self.seen is not None:
             self.seen.looked_up(pp.table, verdict.result is Result.HIT)
@@ -166,6 +166,7 @@ class PartitionReads:
             # The repeated request, with its versions in process: no partition entries needed.
             whole = await self._judge_whole(plan, known, whole_front, None)
             if whole.hit:
+                self.store.used_local_versions()
                 return PartitionLookup(whole.result, versions=known[key], whole=whole)
         fronts = {k: e for k in entry_keys if l1 is not None and (e := l1.get(k)) is not None}
         found: Found
@@ -173,6 +174,7 @@ class PartitionReads:
             # Every partition and every version in process: judged without a round trip (a
             # whole reply in the store would be these partitions' bytes again).
             versions, found = known, {}
+            self.store.used_local_versions()
         else:
             try:
                 versions, found = await self.store.lookup(

@@ -236,7 +236,7 @@ class WholeReads:
         verdict = judge(plan.refs, versions, front, now=time.time(), serve_iceberg=True)
         if not verdict.hit or len(verdict.reply) > largest:
             return None
-        self.store.served_locally()
+        self.store.used_local_versions()
         self.metrics.cache_lookups.labels(method_label(plan.method), verdict.result.value).inc()
         if plan.table is not None and self.seen is not None:
             self.seen.looked_up(plan.table, True)

@@ -363,7 +363,9 @@ class RedisStore:
     async def _reopen_fast(self, where: tuple[str, int] | str) -> None:
         try:
             conn = await self._open_fast(where)
-        except (OSError, TimeoutError, resp.RespError) as exc:
+        except Exception as exc:
+            if not (redis_failure(exc) or isinstance(exc, resp.RespError)):
+                raise
             self._failed("connect", exc)
             return
         if self._closed:  # closed meanwhile: nobody would ever close this one
@@ -422,7 +424,7 @@ class RedisStore:
             return None
         return mirror.get(versions)
 
-    def served_locally(self) -> None:
+    def used_local_versions(self) -> None:
         self._local.inc()
 
     async def lookup(

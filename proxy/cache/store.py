@@ -61,8 +61,9 @@ class Store(Protocol):
         """The versions asked for, if they can be known without a round trip that a
         look-up would make (``None``: ask :meth:`lookup`)."""
 
-    def served_locally(self) -> None:
-        """A hit was served on versions :meth:`local` gave (for the store's counts)."""
+    def used_local_versions(self) -> None:
+        """A look-up went by the versions :meth:`local` gave, without asking the store (for
+        the store's counts of where versions were read)."""
 
     async def ensure_epochs(self, keys: Sequence[str]) -> dict[str, bytes]: ...
 
@@ -175,7 +176,7 @@ class MemoryStore:
         """The versions part of :meth:`lookup` (everything here is in process)."""
         return self._current(versions)
 
-    def served_locally(self) -> None:
+    def used_local_versions(self) -> None:
         pass  # every look-up here is in process: nothing to tell apart
 
     def _current(self, versions: Mapping[str, Sequence[str]]) -> Versions:
