@@ -774,8 +774,7 @@ class Options:
         60.0,
         parse_non_negative_seconds,
         "every this long, give the memory the allocator keeps free back to the operating "
-        "system (glibc's malloc_trim: a few ms on the event loop), so RSS follows what the "
-        "proxy holds; 0: never",
+        "system (glibc's malloc_trim: a few ms on the event loop); 0: never",
         metavar="SECONDS",
     )
     event_loop: str = _opt(
