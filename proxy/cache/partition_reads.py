@@ -136,17 +136,11 @@ class PartitionReads:
         :meth:`WholeReads.hit_now`); ``None``: take :meth:`read`."""
         pp = plan.partitions
         assert pp is not None
-        front = self.l1.get(plan.key) if self.l1 is not None else None
-        if front is None or not self.assemble or self.pending.pending:
+        if not self.assemble:
             return None
-        known = self.store.local(plan.grouped)  # the whole reply's versions
-        if known is None:
+        verdict = self.whole_reads.judged_now(plan, largest)  # its whole reply, judged so
+        if verdict is None:
             return None
-        verdict = judge(plan.refs, known, front, now=time.time(), serve_iceberg=True)
-        if not verdict.hit or len(verdict.reply) > largest:
-            return None
-        self.store.used_local_versions()
-        self.metrics.cache_lookups.labels(method_label(plan.method), verdict.result.value).inc()
         if self.seen is not None:
             self.seen.looked_up(pp.table, verdict.result is Result.HIT)
         return verdict.reply

@@ -227,6 +227,16 @@ class WholeReads:
         the copy Redis keeps coherent), and no invalidation is pending. ``None``: take
         :meth:`read` (nothing was counted), as for replies over ``largest`` bytes (the
         ordinary way writes those in slices). Iceberg entries always read Redis."""
+        verdict = self.judged_now(plan, largest)
+        if verdict is None:
+            return None
+        if plan.table is not None and self.seen is not None:
+            self.seen.looked_up(plan.table, True)
+        return verdict.reply
+
+    def judged_now(self, plan: ReadPlan, largest: int) -> Verdict | None:
+        """The hit :meth:`hit_now` serves (counted as a look-up), for ``plan``'s entry in the
+        decoded front; ``None``: not one to serve at once (nothing counted)."""
         front = self.l1.get(plan.key) if self.l1 is not None else None
         if front is None or front.iceberg or self.pending.pending:
             return None
@@ -238,9 +248,7 @@ class WholeReads:
             return None
         self.store.used_local_versions()
         self.metrics.cache_lookups.labels(method_label(plan.method), verdict.result.value).inc()
-        if plan.table is not None and self.seen is not None:
-            self.seen.looked_up(plan.table, True)
-        return verdict.reply
+        return verdict
 
     async def lookup(self, plan: ReadPlan) -> Verdict:
         if self.pending.pending and not await self.pending.settled():

@@ -4,9 +4,10 @@ client channel that captures its bytes (no Java, no Redis, no subprocess)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from proxy.cache.store import MemoryStore
 from proxy.handler import ClientGone, SessionState
 from proxy.wire.binary import MessageType, encode_header
 from tests.rig.raw import seqid_of, without_seqid
-from tests.unit.inprocess import Client, message, request, rig
+from tests.unit.inprocess import Client, Rig, message, request, rig
 from tests.unit.scripted_hms import (
     HALF_REPLY,
     HANG,
@@ -622,34 +623,49 @@ def test_reads_of_a_table_being_written_share_one_metastore_call_and_none_is_old
     asyncio.run(run())
 
 
+@contextlib.asynccontextmanager
+async def early_fenced_read(r: Rig) -> AsyncIterator[tuple[asyncio.Task[None], Client, Slow]]:
+    """A write of ``T`` held at the metastore (it fences the table), and a read of ``T`` sent
+    after it, held at the metastore too: (that read's task, its client, the gate that lets
+    its answer through). The write is let through on leaving."""
+    r.hms.add_table(DB, T, v="1")
+    writer = SessionState("writer")
+    await r.call(writer, "get_table", 1, dbname=DB, tbl_name=T)
+    write_gate, read_gate = Slow(), Slow()
+    r.hms.script("alter_table", write_gate)
+    write = asyncio.create_task(
+        r.handler.handle(
+            writer,
+            request("alter_table", 2, dbname=DB, tbl_name=T, new_tbl=table(DB, T, v="2")),
+            Client(),
+        )
+    )
+    await until(lambda: r.hms.calls["alter_table"] == 1, "the write at the metastore")
+    r.hms.script("get_table", read_gate)
+    first = Client()
+    early = asyncio.create_task(
+        r.handler.handle(
+            SessionState("early"), request("get_table", 10, dbname=DB, tbl_name=T), first
+        )
+    )
+    await until(lambda: r.hms.calls["get_table"] == 2, "the early read at the metastore")
+    try:
+        yield early, first, read_gate
+    finally:
+        write_gate.gate.set()
+        await write
+
+
 def test_a_fenced_read_never_shares_a_call_sent_before_it_arrived() -> None:
     # Iceberg's lost commit, in miniature: a read of a fenced table is at the metastore when
     # another writer commits straight to the metastore (no version changes here until the
     # notification log says so). A read that arrives after that commit must get it: it may
     # share only a call sent after it came, never the one already at the metastore.
     async def run() -> None:
-        async with rig(store=FencingStore(1 << 24)) as r:
-            r.hms.add_table(DB, T, v="1")
-            writer = SessionState("writer")
-            await r.call(writer, "get_table", 1, dbname=DB, tbl_name=T)
-            write_gate, read_gate = Slow(), Slow()
-            r.hms.script("alter_table", write_gate)
-            write = asyncio.create_task(
-                r.handler.handle(
-                    writer,
-                    request("alter_table", 2, dbname=DB, tbl_name=T, new_tbl=table(DB, T, v="2")),
-                    Client(),
-                )
-            )
-            await until(lambda: r.hms.calls["alter_table"] == 1, "the write at the metastore")
-            r.hms.script("get_table", read_gate)
-            first = Client()
-            early = asyncio.create_task(
-                r.handler.handle(
-                    SessionState("early"), request("get_table", 10, dbname=DB, tbl_name=T), first
-                )
-            )
-            await until(lambda: r.hms.calls["get_table"] == 2, "the early read at the metastore")
+        async with (
+            rig(store=FencingStore(1 << 24)) as r,
+            early_fenced_read(r) as (early, first, read_gate),
+        ):
             r.hms.tables[(DB, T)] = table(DB, T, v="3")  # committed around the proxy
             late = [Client() for _ in range(5)]
             reads = [
@@ -676,8 +692,6 @@ def test_a_fenced_read_never_shares_a_call_sent_before_it_arrived() -> None:
             for c in late:
                 assert without_seqid(c.reply()) == without_seqid(committed)
             assert r.hms.calls["get_table"] == 3  # the early read, then one for the five
-            write_gate.gate.set()
-            await write
 
     asyncio.run(run())
 
@@ -687,27 +701,10 @@ def test_fenced_readers_whose_leader_went_before_sending_still_share_one_call() 
     # would send the next call for all five, is cancelled (its client gone) before it sends.
     # The other four take turns again and share one call, instead of asking one each.
     async def run() -> None:
-        async with rig(store=FencingStore(1 << 24)) as r:
-            r.hms.add_table(DB, T, v="1")
-            writer = SessionState("writer")
-            await r.call(writer, "get_table", 1, dbname=DB, tbl_name=T)
-            write_gate, read_gate = Slow(), Slow()
-            r.hms.script("alter_table", write_gate)
-            write = asyncio.create_task(
-                r.handler.handle(
-                    writer,
-                    request("alter_table", 2, dbname=DB, tbl_name=T, new_tbl=table(DB, T, v="2")),
-                    Client(),
-                )
-            )
-            await until(lambda: r.hms.calls["alter_table"] == 1, "the write at the metastore")
-            r.hms.script("get_table", read_gate)
-            early = asyncio.create_task(
-                r.handler.handle(
-                    SessionState("early"), request("get_table", 10, dbname=DB, tbl_name=T), Client()
-                )
-            )
-            await until(lambda: r.hms.calls["get_table"] == 2, "the early read at the metastore")
+        async with (
+            rig(store=FencingStore(1 << 24)) as r,
+            early_fenced_read(r) as (early, _, read_gate),
+        ):
             late = [Client() for _ in range(5)]
             reads = []
             for i, c in enumerate(late):
@@ -739,7 +736,5 @@ def test_fenced_readers_whose_leader_went_before_sending_still_share_one_call() 
             answer = r.hms.answer("get_table", 0, dbname=DB, tbl_name=T)
             for c in late[1:]:
                 assert without_seqid(c.reply()) == without_seqid(answer)
-            write_gate.gate.set()
-            await write
 
     asyncio.run(run())
