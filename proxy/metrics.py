@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from proxy import __version__, bridge, catalog
+from proxy.loop_metrics import LoopCounter, LoopHistogram
 from proxy.memo import Footprint
 
 # From a sub-millisecond cache hit to a miss that runs into the engines' 10 s read timeout.
@@ -152,8 +153,9 @@ class Metrics:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        # The hit path's metrics are the loop's plain numbers (see proxy.loop_metrics).
         self.requests = _PerMethod(
-            Counter(
+            LoopCounter(
                 "hmsproxy_requests",
                 "Calls answered to clients, by method and outcome (user_error: a declared HMS "
                 "exception such as NoSuchObjectException)",
@@ -163,7 +165,7 @@ class Metrics:
             OUTCOMES,
         )
         self.request_duration = _Children(
-            Histogram(
+            LoopHistogram(
                 "hmsproxy_request_duration_seconds",
                 "Time from a complete request to the last byte of its reply, by where it came from",
                 ["method", "source"],
@@ -190,7 +192,7 @@ class Metrics:
             )
         )
         self.cache_lookups = _PerMethod(
-            Counter(
+            LoopCounter(
                 "hmsproxy_cache_lookups",
                 "Cache look-ups of cacheable reads, by result",
                 ["method", "result"],
@@ -302,7 +304,7 @@ class Metrics:
         )
         self.cache_available.set(1)
         self.version_reads = _Children(
-            Counter(
+            LoopCounter(
                 "hmsproxy_cache_version_reads",
                 "Look-ups of the versions a reply depends on, by where they were read: local "
                 "(the in-process copy Redis keeps coherent, --redis-tracking; no round trip) "
