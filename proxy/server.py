@@ -32,7 +32,7 @@ from proxy.wire.binary import (
     encode_application_exception,
 )
 from proxy.wire.errors import MessageTooLarge, ProtocolError
-from proxy.wire.framing import MessageReader, Transport, whole_message
+from proxy.wire.framing import MessageReader, Transport, call_without_seqid, whole_message
 
 log = logging.getLogger(__name__)
 
@@ -347,11 +347,20 @@ class _Session:
         writes, with their backpressure, keep the order and bound memory)."""
         if self.server.stopping or transport is None or transport.get_write_buffer_size():
             return False
-        message = whole_message(data, self.client.transport, self.options.max_request_bytes)
-        if message is None:
-            return False
+        handler = self.server.handler
+        # A call the client made before, byte for byte but for the seqid, is known without
+        # finding its end or decoding it (the same bytes were one whole message then).
+        repeat = call_without_seqid(data, self.client.transport)
         try:
-            answered = self.server.handler.serve_hit_now(self.state, message, self._write_now)
+            answered: bool | None = None
+            if repeat is not None:
+                answered = handler.serve_repeat_now(self.state, *repeat, self._write_now)
+            if answered is None:
+                message = whole_message(data, self.client.transport, self.options.max_request_bytes)
+                if message is None:
+                    return False
+                known = repeat[0] if repeat is not None else None
+                answered = handler.serve_hit_now(self.state, message, self._write_now, known)
         except ClientGone as exc:
             log.debug("%s: connection ended: %s", self.state.peer, exc)
             self.writer.close()  # the session's read then ends it

@@ -48,6 +48,9 @@ __all__ = ["MAX_PENDING", "CacheEngine", "Result", "Verdict", "WriteIntent"]
 # Memory for plans, whatever clients send (see proxy.memo).
 PLAN_ENTRIES = 20_000
 PLAN_BYTES = 32 << 20
+# Plans of calls known by their bytes but for the seqid (see hit_now): the hottest ones.
+REPEAT_ENTRIES = 4_096
+REPEAT_BYTES = 8 << 20
 
 
 class Activity(Seen, Changes, Protocol):
@@ -127,6 +130,9 @@ class CacheEngine:
         self.locks = LockFences(store, self.naming, metrics, lock_fence, self.invalidations.defer)
         # Plans by a digest of the request (not its bytes: a client decides how big those are).
         self._plans: BoundedMemo[bytes, ReadPlan | None] = BoundedMemo(PLAN_ENTRIES, PLAN_BYTES)
+        self._repeats: BoundedMemo[tuple[bytes | None, bytes], ReadPlan] = BoundedMemo(
+            REPEAT_ENTRIES, REPEAT_BYTES
+        )
         # The write side, as the request path, the follower and the admin service call it.
         self.expand = self.invalidations.expand
         self.begin_write = self.invalidations.begin
@@ -192,14 +198,39 @@ class CacheEngine:
         return await self.whole.read(plan, call)
 
     def hit_now(
-        self, spec: MethodSpec, message: Message, identity: bytes | None, largest: int
+        self,
+        spec: MethodSpec,
+        message: Message,
+        identity: bytes | None,
+        largest: int,
+        repeat: bytes | None = None,
     ) -> Payload | None:
         """The cached reply (at most ``largest`` bytes) to a cacheable read on a shared
         connection, if it is a hit that needs no await (see :meth:`WholeReads.hit_now`);
-        ``None``: take :meth:`read`, which decides again (nothing was counted)."""
+        ``None``: take :meth:`read`, which decides again (nothing was counted). ``repeat``:
+        the call's bytes but for its seqid (``binary.call_without_seqid``); its plan is then
+        remembered by them, for :meth:`repeated_hit`."""
         plan = self.plan_read(spec, message, identity)
         if plan is None:
             return None
+        if repeat is not None:
+            who = identity if self.planner.per_user else None
+            self._repeats.put((who, repeat), plan, len(repeat) + plan.approx_size())
+        return self.hit_by_plan(plan, largest)
+
+    def repeated_hit(
+        self, repeat: bytes, identity: bytes | None, largest: int
+    ) -> tuple[bool, str, Payload | None]:
+        """:meth:`hit_now` for a call known by its bytes but for the seqid: (known, its
+        method, the reply or ``None``). Not known: ask :meth:`hit_now` with the message (the
+        same bytes were a whole message with a plan, so they are again: no scan, no
+        decode, no digest here)."""
+        plan = self._repeats.get((identity if self.planner.per_user else None, repeat))
+        if plan is None:
+            return False, "", None
+        return True, plan.method, self.hit_by_plan(plan, largest)
+
+    def hit_by_plan(self, plan: ReadPlan, largest: int) -> Payload | None:
         if plan.partitions is not None and self.partitions.assemble:
             return self.partitions.hit_now(plan, largest)
         return self.whole.hit_now(plan, largest)
@@ -210,7 +241,7 @@ class CacheEngine:
         """What the engine keeps in process, by name, for /metrics (hmsproxy_memo_bytes)."""
         return {
             "cache": lambda: self.footprint()[:2],
-            "plans": footprint_of(self._plans),
+            "plans": footprint_of(self._plans, self._repeats),
             "dictionaries": self.dictionaries.footprint(),
             "lock_fences": self.locks.footprint(),
             "fingerprints": fingerprints_footprint,

@@ -9,28 +9,42 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from proxy.cache.entry import Entry
 
-# What an entry costs beyond its key and payload (the Entry, the _Item, the dict slot).
+if TYPE_CHECKING:
+    from proxy.cache.decide import Verdict
+    from proxy.cache.plan import VersionRef
+
+# What an entry costs beyond its key and payload (the Entry, the Item, the dict slot).
 OVERHEAD_BYTES = 250
 
 
 @dataclass(slots=True)
-class _Item:
+class Item:
     entry: Entry
     expires_at: float  # monotonic
     size: int
+    # What its last hit was judged under (see WholeReads.judged_now): the store's version
+    # generation then, the plan's refs and the verdict. Gone with the item.
+    judged: tuple[int, Sequence[VersionRef], Verdict] | None = None
 
 
 class L1:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._items: OrderedDict[str, _Item] = OrderedDict()
+        self._items: OrderedDict[str, Item] = OrderedDict()
         self.bytes = 0
 
     def get(self, key: str) -> Entry | None:
+        item = self.item(key)
+        return item.entry if item is not None else None
+
+    def item(self, key: str) -> Item | None:
+        """:meth:`get`, with what is kept beside the entry."""
         item = self._items.get(key)
         if item is None:
             return None
@@ -38,14 +52,14 @@ class L1:
             self.pop(key)
             return None
         self._items.move_to_end(key)
-        return item.entry
+        return item
 
     def put(self, key: str, entry: Entry, ttl: float) -> None:
         size = len(key) + len(entry.payload) + OVERHEAD_BYTES
         if size > self.max_bytes // 4 or ttl <= 0:
             return  # one entry never pushes out most of the others
         self.pop(key)
-        self._items[key] = _Item(entry, time.monotonic() + ttl, size)
+        self._items[key] = Item(entry, time.monotonic() + ttl, size)
         self.bytes += size
         while self.bytes > self.max_bytes:
             _, old = self._items.popitem(last=False)

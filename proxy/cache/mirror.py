@@ -73,6 +73,8 @@ class VersionMirror:
         self._sizes: dict[str, int] = {}
         self.bytes = 0
         self._seq = 0  # counts invalidations and resynchronisations
+        # Changes whenever a field get() could answer changes or goes (see Store.generation).
+        self.generation = 0
         self._floor = 1  # tickets below this learn nothing (taken before a resubscription)
         self._dropped: dict[str, int] = {}  # key -> seq of its latest invalidation
         self._beats: dict[str, tuple[int, float]] = {}  # beat key -> (stream, sent at)
@@ -176,11 +178,13 @@ class VersionMirror:
         self._forget_all()
 
     def _drop(self, key: str, seq: int) -> None:
+        self.generation += 1
         self._dropped[key] = seq
         if self._hashes.pop(key, None) is not None:
             self.bytes -= self._sizes.pop(key)
 
     def _forget_all(self) -> None:
+        self.generation += 1
         self._seq += 1
         self._floor = self._seq + 1
         self._hashes.clear()
@@ -227,12 +231,15 @@ class VersionMirror:
         for name, value in fields.items():
             if name not in known:
                 added += FIELD_OVERHEAD + len(name) + (len(value) if value else 0)
+            elif known[name] != value:
+                self.generation += 1  # (a newer value than a hit may have been judged by)
             known[name] = value
         self._sizes[key] += added
         self.bytes += added
         while self.bytes > self.max_bytes and self._hashes:
             old, _ = self._hashes.popitem(last=False)
             self.bytes -= self._sizes.pop(old)
+            self.generation += 1
 
     def __len__(self) -> int:
         return len(self._hashes)

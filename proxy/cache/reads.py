@@ -237,14 +237,28 @@ class WholeReads:
     def judged_now(self, plan: ReadPlan, largest: int) -> Verdict | None:
         """The hit :meth:`hit_now` serves (counted as a look-up), for ``plan``'s entry in the
         decoded front; ``None``: not one to serve at once (nothing counted)."""
-        front = self.l1.get(plan.key) if self.l1 is not None else None
-        if front is None or front.iceberg or self.pending.pending:
+        item = self.l1.item(plan.key) if self.l1 is not None else None
+        if item is None or item.entry.iceberg or self.pending.pending:
             return None
-        versions = self.store.local(plan.grouped)
-        if versions is None:
+        generation = self.store.generation()
+        if generation is None:
             return None
-        verdict = judge(plan.refs, versions, front, now=time.time(), serve_iceberg=True)
-        if not verdict.hit or len(verdict.reply) > largest:
+        front, judged = item.entry, item.judged
+        if judged is not None and judged[0] == generation and judged[1] is plan.refs:
+            # Nothing a version look-up could answer has changed since this entry's last
+            # hit was judged (by these refs): the same judgement, but for its expiry.
+            verdict = judged[2]
+            if front.expires_at <= time.time():
+                return None
+        else:
+            versions = self.store.local(plan.grouped)
+            if versions is None:
+                return None
+            verdict = judge(plan.refs, versions, front, now=time.time(), serve_iceberg=True)
+            if not verdict.hit:
+                return None
+            item.judged = (generation, plan.refs, verdict)
+        if len(verdict.reply) > largest:
             return None
         self.store.used_local_versions()
         self.metrics.cache_lookups.labels(method_label(plan.method), verdict.result.value).inc()

@@ -427,6 +427,12 @@ class RedisStore:
     def used_local_versions(self) -> None:
         self._local.inc()
 
+    def generation(self) -> int | None:
+        mirror = self.mirror
+        if mirror is None or not mirror.trusted(time.monotonic()):
+            return None
+        return mirror.generation
+
     async def lookup(
         self, versions: Mapping[str, Sequence[str]], entries: Sequence[str], *, fresh: bool = False
     ) -> tuple[Versions, Found]:

@@ -65,6 +65,12 @@ class Store(Protocol):
         """A look-up went by the versions :meth:`local` gave, without asking the store (for
         the store's counts of where versions were read)."""
 
+    def generation(self) -> int | None:
+        """A number that changes whenever anything :meth:`local` answers may have changed
+        (a version, an epoch, a fence; a hash forgotten); ``None`` while :meth:`local` could
+        not answer. A hit judged under one generation is judged the same while it stands
+        (fences only ever expire, entries are checked for their own expiry)."""
+
     async def ensure_epochs(self, keys: Sequence[str]) -> dict[str, bytes]: ...
 
     async def save(
@@ -146,6 +152,7 @@ class MemoryStore:
         self._marks: dict[str, dict[str, float]] = {}  # lock fences, by version key
         self._marked = 0
         self._bytes = 0
+        self._generation = 0  # see generation()
 
     @property
     def stored_bytes(self) -> int:
@@ -179,6 +186,9 @@ class MemoryStore:
     def used_local_versions(self) -> None:
         pass  # every look-up here is in process: nothing to tell apart
 
+    def generation(self) -> int:
+        return self._generation
+
     def _current(self, versions: Mapping[str, Sequence[str]]) -> Versions:
         got: Versions = {}
         for key, names in versions.items():
@@ -198,6 +208,7 @@ class MemoryStore:
             epoch = fields.get(EPOCH)
             if epoch is None:
                 epoch = fields[EPOCH] = new_epoch()
+                self._generation += 1
             out[key] = epoch
         return out
 
@@ -207,6 +218,7 @@ class MemoryStore:
             fields = self._versions[key] = {}
             while len(self._versions) > self.max_version_hashes:
                 self._versions.popitem(last=False)
+                self._generation += 1
         else:
             self._versions.move_to_end(key)
         return fields
@@ -229,6 +241,7 @@ class MemoryStore:
             self._bytes -= _cost(key, old[0])
 
     async def bump(self, bumps: Sequence[Bump]) -> None:
+        self._generation += 1
         for b in bumps:
             fields = self._hash(b.key)
             if b.field == EPOCH:
@@ -253,6 +266,7 @@ class MemoryStore:
         self._entries.clear()
         self._versions.clear()
         self._bytes = 0
+        self._generation += 1
         return count
 
     async def lease(self, key: str, token: str, ttl: float) -> bool:
@@ -294,6 +308,7 @@ class MemoryStore:
         for key, name in items:
             self._prune(key, now)
             self._marks.setdefault(key, {})[name] = deadline
+        self._generation += 1
         await self.bump(bumps)
 
     def _prune(self, key: str, now: float) -> None:
@@ -306,6 +321,7 @@ class MemoryStore:
             del self._marks[key]
 
     async def unmark(self, items: Sequence[tuple[str, str]]) -> int:
+        self._generation += 1
         removed = 0
         for key, name in items:
             marks = self._marks.get(key)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from proxy import catalog, idl
 from proxy.cache import locks
 from proxy.cache.engine import CacheEngine
+from proxy.cache.entry import Payload
 from proxy.catalog import Kind
 from proxy.handler.forward import Forwarder, fail
 from proxy.handler.identity import Identities
@@ -108,13 +109,19 @@ class CallHandler:
         self.metrics.request_duration.labels(label, source).observe(time.perf_counter() - started)
 
     def serve_hit_now(
-        self, session: SessionState, message: Message, write: Callable[[bytes], None]
+        self,
+        session: SessionState,
+        message: Message,
+        write: Callable[[bytes], None],
+        repeat: bytes | None = None,
     ) -> bool:
         """Answer a call that is a cache hit needing no await (see
         :meth:`CacheEngine.hit_now`) through ``write``, at once: no task, no coroutine, the
         same reply, metrics and outcome as :meth:`handle` gives it. ``False``: nothing was
         written or counted; the call takes :meth:`handle`. ``write`` raises ConnectionError
-        when the client is gone (then ClientGone, counted as :meth:`handle` counts it)."""
+        when the client is gone (then ClientGone, counted as :meth:`handle` counts it).
+        ``repeat``: the call's bytes but for its seqid, by which :meth:`serve_repeat_now`
+        will know it."""
         cache = self.cache
         header = message.header
         if cache is None or header.type != MessageType.CALL or session.pinned is not None:
@@ -124,16 +131,53 @@ class CallHandler:
             return False
         started = time.perf_counter()
         try:
-            reply = cache.hit_now(spec, message, session.cache_identity, IMMEDIATE_REPLY_BYTES)
-            if reply is None:
-                return False
-            head, at, mtype = reseq(reply, header.seqid)
-            outcome = result_outcome(mtype, bytes(reply[at : at + 3]))
-            data = head + memoryview(reply)[at:]
+            reply = cache.hit_now(
+                spec, message, session.cache_identity, IMMEDIATE_REPLY_BYTES, repeat
+            )
         except Exception:  # the ordinary way answers it (and reports what went wrong)
             log.debug("%s: no immediate answer to %s", session.peer, header.name, exc_info=True)
             return False
-        label = method_label(header.name)
+        return self._answer_now(header.name, header.seqid, reply, write, started)
+
+    def serve_repeat_now(
+        self, session: SessionState, repeat: bytes, seqid: int, write: Callable[[bytes], None]
+    ) -> bool | None:
+        """:meth:`serve_hit_now` for a call known by its bytes but for the seqid (``repeat``,
+        see ``binary.call_without_seqid``), without the message: ``None`` if they are not
+        known (then ask :meth:`serve_hit_now`)."""
+        cache = self.cache
+        if cache is None or session.pinned is not None:
+            return False
+        started = time.perf_counter()
+        try:
+            known, method, reply = cache.repeated_hit(
+                repeat, session.cache_identity, IMMEDIATE_REPLY_BYTES
+            )
+        except Exception:
+            log.debug("%s: no immediate answer to a repeated call", session.peer, exc_info=True)
+            return False
+        if not known:
+            return None
+        return self._answer_now(method, seqid, reply, write, started)
+
+    def _answer_now(
+        self,
+        method: str,
+        seqid: int,
+        reply: Payload | None,
+        write: Callable[[bytes], None],
+        started: float,
+    ) -> bool:
+        if reply is None:
+            return False
+        try:
+            head, at, mtype = reseq(reply, seqid)
+            outcome = result_outcome(mtype, bytes(reply[at : at + 3]))
+            data = head + memoryview(reply)[at:]
+        except Exception:
+            log.debug("no immediate answer to %s", method, exc_info=True)
+            return False
+        label = method_label(method)
         try:
             write(data)
         except ConnectionError as exc:

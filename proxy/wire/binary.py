@@ -145,6 +145,26 @@ def _decode_name(buf: bytes | bytearray | memoryview, start: int, end: int) -> s
         raise ProtocolError("method name is not UTF-8") from exc
 
 
+# A call is told apart by its bytes only up to this size (see call_without_seqid).
+REPEAT_BYTES: Final = 1024
+
+
+def call_without_seqid(data: bytes, start: int) -> tuple[bytes, int] | None:
+    """(the bytes of the strict CALL message at ``data[start:]`` with its seqid left out,
+    its seqid): what a client repeating a call sends again but for the seqid, for calls of
+    at most :data:`REPEAT_BYTES`. ``None``: not a small strict call. Nothing is checked
+    beyond the header: the caller knows these bytes (or not) as a message seen whole."""
+    end = len(data)
+    if end - start > REPEAT_BYTES or end - start < 12:
+        return None
+    if data[start] != 0x80 or data[start + 1] != 0x01 or data[start + 3] != MessageType.CALL:
+        return None
+    at = start + 8 + _unpack_i32(data, start + 4)[0]
+    if not start + 8 < at <= end - 4:
+        return None
+    return data[start:at] + data[at + 4 :], _unpack_i32(data, at)[0]
+
+
 def encode_header(name: str, mtype: int, seqid: int) -> bytes:
     """A strict header, the form every HMS accepts."""
     raw = name.encode("utf-8")

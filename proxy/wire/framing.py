@@ -16,6 +16,7 @@ import struct
 from dataclasses import dataclass
 from enum import StrEnum
 
+from proxy.wire import binary
 from proxy.wire.binary import MessageHeader, Scanner, StructScanner, parse_header
 from proxy.wire.errors import LimitExceeded, MessageTooLarge, ProtocolError
 
@@ -78,6 +79,17 @@ def whole_message(data: bytes, transport: Transport, max_size: int) -> Message |
     except (ProtocolError, LimitExceeded):
         return None
     return Message(header, data[start:] if start else data)
+
+
+def call_without_seqid(data: bytes, transport: Transport) -> tuple[bytes, int] | None:
+    """(the message's bytes without its seqid, the seqid) if ``data`` is one small strict
+    call on ``transport`` (see :func:`binary.call_without_seqid`): a framed one must fill
+    its frame exactly. ``None``: not such a call."""
+    if transport is Transport.FRAMED:
+        if len(data) < 4 or _FRAME.unpack_from(data, 0)[0] != len(data) - 4:
+            return None
+        return binary.call_without_seqid(data, 4)
+    return binary.call_without_seqid(data, 0)
 
 
 class MessageReader:

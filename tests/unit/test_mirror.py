@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.cache.mirror import VersionMirror
+from proxy.cache.mirror import FIELD_OVERHEAD, HASH_OVERHEAD, VersionMirror
 
 V = "hmsc:1:{t:db.t}:v"
 W = "hmsc:1:{t:db.u}:v"
@@ -170,3 +170,40 @@ def test_a_beat_of_an_earlier_set_of_streams_vouches_for_nothing() -> None:
     m.expect(BEAT + "new1", 1, 10.65)
     m.invalidated([(BEAT + "new1").encode()], 10.7)
     assert m.trusted(10.7)
+
+
+def test_the_generation_changes_with_anything_a_hit_was_judged_by() -> None:
+    # A hit judged under one generation is served again without being judged (see
+    # WholeReads.judged_now): every change to what get() answers must move it.
+    m = VersionMirror(
+        1, max_bytes=HASH_OVERHEAD + 2 * FIELD_OVERHEAD + 200, max_lag=1.0, fence_suffix=":f"
+    )
+    m.subscribed(0)
+    seen = [m.generation]
+
+    def moved() -> bool:
+        seen.append(m.generation)
+        return seen[-1] != seen[-2]
+
+    m.learn(m.ticket(), V, {"table": b"3"})
+    assert not moved()  # something new: nothing judged by it yet
+    m.learn(m.ticket(), V, {"table": b"3", "@": b"e1"})
+    assert not moved()  # the same value again, and a new field
+    m.learn(m.ticket(), V, {"table": b"4"})
+    assert moved()  # a newer value
+    m.invalidated([V.encode()], 10.1)
+    assert moved()
+    m.learn(m.ticket(), V, {"table": b"5"})
+    m.invalidated([(V + ":f").encode()], 10.2)  # a fence on it
+    assert moved()
+    m.learn(m.ticket(), V, {"table": b"5"})
+    m.forget([V])  # this proxy's own write
+    assert moved()
+    m.learn(m.ticket(), V, {"table": b"5", "@": b"e1"})
+    m.learn(m.ticket(), W, {"table": b"1", "@": b"e2"})  # over the budget: V goes
+    assert m.get({V: ["table"]}) is None
+    assert moved()
+    m.invalidated(None, 10.3)  # a flush
+    assert moved()
+    m.lost(0)
+    assert moved()

@@ -8,18 +8,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from proxy import idl
+from proxy.cache import locks
+from proxy.cache.keys import Bump, TableRef
+from proxy.cache.plan import Planner, Ttls
+from proxy.cache.store import MemoryStore
 from proxy.handler import SessionState
 from proxy.server import ThriftServer
-from proxy.wire.framing import Transport, whole_message
+from proxy.wire.framing import Transport, call_without_seqid, whole_message
 from tests.rig.raw import seqid_of
 from tests.unit.inprocess import Rig, rig
 from tests.unit.scripted_hms import Slow, message_length, table, until
+from tests.unit.test_cache_core import NAMING
 
 DB, T = "db", "t"
 
@@ -247,5 +253,82 @@ def test_no_answer_at_once_on_a_pinned_connection_or_with_invalidations_pending(
             assert len(out) == 2
             hits = r.sample("hmsproxy_cache_lookups_total", method="get_table", result="hit")
             assert hits == 2  # the refused ones were not counted
+
+    asyncio.run(run())
+
+
+def test_a_hit_judged_once_is_judged_again_after_any_change_to_what_it_depends_on() -> None:
+    # Repeated hits reuse their judgement while the store's version generation stands (see
+    # WholeReads.judged_now); each change below must end that, or a stale reply is served.
+    async def run() -> None:
+        store = MemoryStore(1 << 24, max_version_hashes=2)
+        async with rig(store=store) as r:
+            r.hms.add_table(DB, T, v="1")
+            r.hms.add_table(DB, "u", v="1")
+            shared = SessionState("shared")
+            key = r.cache.naming.versions(TableRef.of(DB, T).tag)  # type: ignore[union-attr]
+            request = whole_message(get_table(2), Transport.BUFFERED, 1 << 20)
+            assert request is not None
+            out: list[bytes] = []
+
+            async def judged_again() -> bool:
+                await r.call(shared, "get_table", 1, dbname=DB, tbl_name=T)  # (re)filled
+                assert r.handler.serve_hit_now(shared, request, out.append)
+                assert r.handler.serve_hit_now(shared, request, out.append)  # reused
+                return True
+
+            await judged_again()
+            await store.bump([Bump(key, "table", "table")])  # a write (another's, say)
+            assert not r.handler.serve_hit_now(shared, request, out.append)
+            await judged_again()
+            lock = locks.LOCK_PREFIX + "x:table"
+            await store.mark([(key, lock)], time.time() + 60)  # a lock fences it
+            assert not r.handler.serve_hit_now(shared, request, out.append)
+            await store.unmark([(key, lock)])
+            assert r.handler.serve_hit_now(shared, request, out.append)
+            # Its version hash evicted (two at most here), then made anew with a new epoch.
+            await r.call(shared, "get_table", 3, dbname=DB, tbl_name="u")
+            await store.ensure_epochs([r.cache.naming.versions("db.v"), key])  # type: ignore[union-attr]
+            assert not r.handler.serve_hit_now(shared, request, out.append)
+            await judged_again()
+            await store.flush()
+            assert not r.handler.serve_hit_now(shared, request, out.append)
+            assert r.hms.calls["get_table"] == 4  # T three times, u once
+
+    asyncio.run(run())
+
+
+def test_a_repeated_call_is_known_by_its_bytes_and_per_user_caches_keep_users_apart() -> None:
+    async def run() -> None:
+        async with rig() as r:
+            assert r.cache is not None
+            r.cache.planner = Planner(NAMING, Ttls(), per_user=True)
+            r.hms.add_table(DB, T, v="1")
+            alice, bob = SessionState("a", user="alice"), SessionState("b", user="bob")
+            await r.call(alice, "get_table", 1, dbname=DB, tbl_name=T)  # alice's entry
+            data = get_table(2)
+            repeat = call_without_seqid(data, Transport.BUFFERED)
+            message = whole_message(data, Transport.BUFFERED, 1 << 20)
+            assert repeat is not None and message is not None
+            out: list[bytes] = []
+            assert r.handler.serve_repeat_now(alice, *repeat, out.append) is None  # not yet
+            assert r.handler.serve_hit_now(alice, message, out.append, repeat[0])
+            again = call_without_seqid(get_table(9), Transport.BUFFERED)
+            assert again is not None and again[0] == repeat[0]
+            assert r.handler.serve_repeat_now(alice, *again, out.append) is True
+            assert out == [
+                r.hms.answer("get_table", seqid, dbname=DB, tbl_name=T) for seqid in (2, 9)
+            ]
+            # The same bytes from bob: alice's plan is not his, and neither is her entry.
+            assert r.handler.serve_repeat_now(bob, *again, out.append) is None
+            assert not r.handler.serve_hit_now(bob, message, out.append, repeat[0])
+            assert len(out) == 2
+            # Not a small strict call: not known by its bytes (the ordinary checks decide).
+            assert call_without_seqid(data[:-1], Transport.FRAMED) is None
+            framed = struct.pack(">i", len(data)) + data
+            assert call_without_seqid(framed, Transport.FRAMED) == repeat
+            assert call_without_seqid(framed + b"\x00", Transport.FRAMED) is None
+            big = idl.encode_call("get_table", 3, dbname=DB, tbl_name="x" * 2000)
+            assert call_without_seqid(big, Transport.BUFFERED) is None
 
     asyncio.run(run())
