@@ -99,7 +99,7 @@ class LoopCounter(_Family):
 
     def collect(self) -> Iterator[Metric]:
         family = self._family()
-        for values, child in list(self._children.items()):  # one step under the GIL
+        for values, child in self._children.copy().items():  # copied in one step
             family.add_metric(values, child.value)
         yield family
 
@@ -137,7 +137,7 @@ class LoopHistogram(_Family):
 
     def collect(self) -> Iterator[Metric]:
         family = self._family()
-        for values, child in list(self._children.items()):
+        for values, child in self._children.copy().items():
             counts, total = list(child.counts), child.sum
             cumulative, buckets = 0, []
             for le, count in zip(self._les, counts, strict=True):

@@ -215,7 +215,8 @@ class CacheEngine:
             return None
         if repeat is not None:
             who = identity if self.planner.per_user else None
-            self._repeats.put((who, repeat), plan, len(repeat) + plan.approx_size())
+            size = len(repeat) + len(who or b"") + plan.approx_size()  # (set_ugi's args)
+            self._repeats.put((who, repeat), plan, size)
         return self.hit_by_plan(plan, largest)
 
     def repeated_hit(

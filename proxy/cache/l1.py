@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,7 +16,6 @@ from proxy.cache.entry import Entry
 
 if TYPE_CHECKING:
     from proxy.cache.decide import Verdict
-    from proxy.cache.plan import VersionRef
 
 # What an entry costs beyond its key and payload (the Entry, the Item, the dict slot).
 OVERHEAD_BYTES = 250
@@ -28,9 +26,9 @@ class Item:
     entry: Entry
     expires_at: float  # monotonic
     size: int
-    # What its last hit was judged under (see WholeReads.judged_now): the store's version
-    # generation then, the plan's refs and the verdict. Gone with the item.
-    judged: tuple[int, Sequence[VersionRef], Verdict] | None = None
+    # Its last hit's verdict and the store's version generation then (see
+    # WholeReads.judged_now); the verdict holds nothing the entry does not. Gone with it.
+    judged: tuple[int, Verdict] | None = None
 
 
 class L1:

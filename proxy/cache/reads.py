@@ -244,10 +244,11 @@ class WholeReads:
         if generation is None:
             return None
         front, judged = item.entry, item.judged
-        if judged is not None and judged[0] == generation and judged[1] is plan.refs:
-            # Nothing a version look-up could answer has changed since this entry's last
-            # hit was judged (by these refs): the same judgement, but for its expiry.
-            verdict = judged[2]
+        if judged is not None and judged[0] == generation:
+            # Nothing a version look-up could answer has changed since this entry's last hit
+            # was judged: the same judgement, but for its expiry. (The entry's key is a
+            # digest of the request, from which the planner, fixed at start, makes the refs.)
+            verdict = judged[1]
             if front.expires_at <= time.time():
                 return None
         else:
@@ -257,7 +258,7 @@ class WholeReads:
             verdict = judge(plan.refs, versions, front, now=time.time(), serve_iceberg=True)
             if not verdict.hit:
                 return None
-            item.judged = (generation, plan.refs, verdict)
+            item.judged = (generation, verdict)
         if len(verdict.reply) > largest:
             return None
         self.store.used_local_versions()
