@@ -993,8 +993,22 @@ def soak_verdict(points: list[tuple[float, float]], with_memos: bool, under_limi
     )
 
 
+def memos_settled(samples: list[Sample]) -> float | None:
+    """When the memos (bounded, each filling towards its cap while new requests arrive)
+    stopped growing: the first sample holding 98% of the most they held; ``None`` if not
+    known. Until then their allocators' arenas grow with them (pymalloc keeps an arena
+    while any of its blocks lives), which is warm-up, not a leak."""
+    known = [(s.at, s.memos) for s in samples if s.memos >= 0]
+    if not known:
+        return None
+    start, most = known[0][1], max(m for _, m in known)
+    return next(at for at, m in known if m >= start + 0.98 * (most - start))
+
+
 def memory_section(args: argparse.Namespace, r: dict[str, Any], samples: list[Sample]) -> list[str]:
-    budget = parse_size(args.memory_cache_bytes)
+    # The limit: idle, the cache's budget, and what the memos hold by their own counts at
+    # most (each bounded by its own cap, see proxy.memo).
+    budget = parse_size(args.memory_cache_bytes) + max(max(s.memos for s in samples), 0)
     idle = r["idle_rss"]
     peak = max(r["hwm"], max(s.rss for s in samples))
     points = [(s.at, float(s.rss)) for s in samples]
@@ -1004,11 +1018,14 @@ def memory_section(args: argparse.Namespace, r: dict[str, Any], samples: list[Sa
     rest = [(s.at, float(s.rss - s.cache_bytes)) for s in samples if s.cache_bytes >= 0]
     rest_half = [p for p in rest if p[0] >= samples[-1].at / 2]
     unexplained = [(s.at, s.unexplained) for s in samples if s.unexplained is not None]
+    left_300 = [p for p in unexplained if p[0] >= WARM_UP]
     left_half = [p for p in unexplained if p[0] >= samples[-1].at / 2]
-    left_warm = [p for p in unexplained if p[0] >= WARM_UP]
+    settled = memos_settled(samples)
+    warm_up = max(WARM_UP, settled if settled is not None else 0.0)
+    left_warm = [p for p in unexplained if p[0] >= warm_up]
     out = [
         f"Proxy memory: RSS idle {idle / MB:.0f} MB, peak {peak / MB:.0f} MB (VmHWM),"
-        f" limit idle + --memory-cache-bytes = {(idle + budget) / MB:.0f} MB:"
+        f" limit idle + --memory-cache-bytes + the memos = {(idle + budget) / MB:.0f} MB:"
         f" {'under' if peak <= idle + budget else '**OVER**'};"
         f" slope {slope_mb_per_minute(points):+.2f} MB/min over the window,"
         f" {slope_mb_per_minute(half):+.2f} MB/min over its second half"
@@ -1025,15 +1042,23 @@ def memory_section(args: argparse.Namespace, r: dict[str, Any], samples: list[Sa
             f" {slope_mb_per_minute(unexplained):+.2f} MB/min over the window,"
             f" {slope_mb_per_minute(left_half):+.2f} MB/min over its second half"
             + (
-                f", {slope_mb_per_minute(left_warm):+.2f} MB/min after the first {WARM_UP:.0f} s"
-                if len(left_warm) >= 2
+                f", {slope_mb_per_minute(left_300):+.2f} MB/min after the first {WARM_UP:.0f} s"
+                if len(left_300) >= 2
+                else ""
+            )
+            + (
+                f", {slope_mb_per_minute(left_warm):+.2f} MB/min from {warm_up:.0f} s, when"
+                " the memos had stopped growing (the warm-up)"
+                if warm_up > WARM_UP and len(left_warm) >= 2
                 else ""
             )
             + "."
         )
     if args.soak or args.duration >= 300:
         out.append("")
-        after_warm_up = left_warm or left_half or rest_half  # whichever the run allows
+        # Whichever the run allows; a warm-up past the window's last third leaves too few.
+        usable = len(left_warm) >= 2 and warm_up <= samples[-1].at * 2 / 3
+        after_warm_up = (left_warm if usable else left_half) or rest_half
         out.append(soak_verdict(after_warm_up, bool(unexplained), peak <= idle + budget))
     return out
 
