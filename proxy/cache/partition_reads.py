@@ -55,6 +55,8 @@ class PartitionLookup:
     known: Known = field(default_factory=dict)  # the partitions found current, by values
     versions: dict[str, bytes | None] = field(default_factory=dict)  # the table's, as read
     whole: Verdict | None = None  # the request's whole-reply entry, judged (None: bypass)
+    expires_at: float = float("inf")  # the soonest expiry of the partitions found current
+    absent: bool = False  # one of them is a partition the metastore does not have
 
 
 class PartitionReads:
@@ -98,7 +100,9 @@ class PartitionReads:
         self.metrics.cache_partitions.labels("miss").inc(len(pp.values) - len(known))
         seqid = call.message.header.seqid
         if result is Result.HIT:
-            return Served(await call.send(self._assembled(plan, seqid, known)), "cache")
+            assembled = self._assembled(plan, seqid, known)
+            self._keep_whole(plan, look, assembled)
+            return Served(await call.send(assembled), "cache")
         missing = [v for v in pp.values if v not in known]
         versions = await self._fill_versions(pp, look.versions)
         whole = len(missing) == len(pp.values)
@@ -207,11 +211,35 @@ class PartitionReads:
             if not current_entry:
                 continue
             out.known[values] = payload
+            out.expires_at = min(out.expires_at, entry.expires_at)
+            out.absent = out.absent or payload is None
             if from_store and l1 is not None:
                 l1.put(ekey, entry, entry.ttl)
         if len(out.known) == len(pp.values):
             out.result = Result.HIT
         return out
+
+    def _keep_whole(self, plan: ReadPlan, look: PartitionLookup, reply: bytes) -> None:
+        """Keep an assembled reply whole in process, so that the same request is next
+        served as one entry (see :meth:`hit_now`), not assembled again. Only if every
+        partition is one the metastore has: each was current under the table's epoch, its
+        ``pgen`` and its own version, which are exactly the plan's refs, so the whole is
+        judged current exactly while each of its partitions would be (an absent one
+        depends on ``partset`` too, which the refs do not name). Never stored in Redis:
+        the partitions are, once each."""
+        pp = plan.partitions
+        assert pp is not None
+        if self.l1 is None or look.absent or not look.known:
+            return
+        key = self.naming.versions(pp.tag)
+        if any(r.key != key for r in plan.refs):
+            return
+        values = [look.versions.get(r.field) for r in plan.refs]  # (never bumped: None)
+        ttl = look.expires_at - time.time()
+        if look.versions.get(EPOCH) is None or ttl <= 0:
+            return
+        entry = codec.Entry(codec.fingerprint(values), 0, reply, look.expires_at)
+        self.l1.put(plan.key, entry, ttl)
 
     async def _judge_whole(
         self,

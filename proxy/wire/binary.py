@@ -146,7 +146,7 @@ def _decode_name(buf: bytes | bytearray | memoryview, start: int, end: int) -> s
 
 
 # A call is told apart by its bytes only up to this size (see call_without_seqid).
-REPEAT_BYTES: Final = 1024
+REPEAT_BYTES: Final = 4096
 
 
 def call_without_seqid(data: bytes, start: int) -> tuple[bytes, int] | None:

@@ -16,14 +16,17 @@ import pytest
 
 from proxy import idl
 from proxy.cache import locks
-from proxy.cache.keys import Bump, TableRef
+from proxy.cache.keys import Bump, TableRef, partition_field
 from proxy.cache.plan import Planner, Ttls
 from proxy.cache.store import MemoryStore
 from proxy.handler import SessionState
 from proxy.server import ThriftServer
+from proxy.wire.binary import reseq
 from proxy.wire.framing import Transport, call_without_seqid, whole_message
 from tests.rig.raw import seqid_of
+from tests.unit.inprocess import Client as Channel
 from tests.unit.inprocess import Rig, rig
+from tests.unit.inprocess import message as message_of
 from tests.unit.scripted_hms import Slow, message_length, table, until
 from tests.unit.test_cache_core import NAMING
 
@@ -328,7 +331,61 @@ def test_a_repeated_call_is_known_by_its_bytes_and_per_user_caches_keep_users_ap
             framed = struct.pack(">i", len(data)) + data
             assert call_without_seqid(framed, Transport.FRAMED) == repeat
             assert call_without_seqid(framed + b"\x00", Transport.FRAMED) is None
-            big = idl.encode_call("get_table", 3, dbname=DB, tbl_name="x" * 2000)
+            big = idl.encode_call("get_table", 3, dbname=DB, tbl_name="x" * 5000)
             assert call_without_seqid(big, Transport.BUFFERED) is None
+
+    asyncio.run(run())
+
+
+def by_names(seqid: int, *values: str) -> bytes:
+    names = [f"ds={v}" for v in values]
+    return idl.encode_call("get_partitions_by_names", seqid, db_name=DB, tbl_name=T, names=names)
+
+
+def test_an_assembled_by_names_reply_is_kept_whole_until_one_of_its_partitions_changes() -> None:
+    async def run() -> None:
+        async with rig() as r:
+            assert r.cache is not None
+            r.hms.add_table(DB, T, "a", "b", "c", v="1")
+            shared = SessionState("shared")
+            out: list[bytes] = []
+
+            def now(request: bytes) -> bool:
+                message = whole_message(request, Transport.BUFFERED, 1 << 20)
+                assert message is not None
+                return r.handler.serve_hit_now(shared, message, out.append)
+
+            async def ordinary(request: bytes) -> bytes:
+                client = Channel()
+                await r.handler.handle(shared, message_of(request), client)
+                return client.reply()
+
+            def answer(seqid: int, *values: str) -> bytes:
+                names = [f"ds={v}" for v in values]
+                return r.hms.answer(
+                    "get_partitions_by_names", seqid, db_name=DB, tbl_name=T, names=names
+                )
+
+            assert await ordinary(by_names(1, "a", "b")) == answer(1, "a", "b")  # the miss
+            assert not now(by_names(2, "a", "b"))  # not kept whole yet: assembled
+            assert await ordinary(by_names(2, "a", "b")) == answer(2, "a", "b")
+            assert now(by_names(3, "a", "b"))  # ... and now it is
+            assert out == [answer(3, "a", "b")]
+            # One of its partitions changes (another proxy's write, say): not served whole.
+            r.hms.partitions[(DB, T)]["ds=b"].parameters["numFiles"] = "2"
+            key = r.cache.naming.versions(TableRef.of(DB, T).tag)
+            await r.store.bump([Bump(key, partition_field(("b",)), "partitions")])
+            assert not now(by_names(4, "a", "b"))
+            assert await ordinary(by_names(4, "a", "b")) == answer(4, "a", "b")  # b again
+            assert await ordinary(by_names(5, "a", "b")) == answer(5, "a", "b")  # assembled
+            assert now(by_names(6, "a", "b"))
+            head, at, _ = reseq(out[0], 6)
+            assert out[-1] == answer(6, "a", "b") != head + out[0][at:]  # b's new bytes
+            # A request naming a partition the metastore does not have is never kept whole
+            # (whether one is added later depends on a version its refs do not name).
+            for seqid in (7, 8, 9):
+                assert await ordinary(by_names(seqid, "a", "zz")) == answer(seqid, "a", "zz")
+            assert not now(by_names(10, "a", "zz"))
+            assert r.hms.calls["get_partitions_by_names"] == 3  # a+b, then b, then zz
 
     asyncio.run(run())
