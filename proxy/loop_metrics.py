@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -24,6 +25,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 __all__ = ["LoopCounter", "LoopHistogram"]
+
+C = TypeVar("C")
 
 
 class Count:
@@ -50,7 +53,7 @@ class Observed:
         self.sum += amount
 
 
-class _Family(Collector):
+class _Family(Collector, Generic[C]):
     def __init__(
         self,
         name: str,
@@ -61,10 +64,22 @@ class _Family(Collector):
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
+        self._children: dict[tuple[str, ...], C] = {}
         registry.register(self)
+
+    def labels(self, *values: str) -> C:
+        child = self._children.get(values)
+        if child is None:
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
+            child = self._children[values] = self._new_child()
+        return child
 
     def describe(self) -> list[Metric]:
         return [self._family()]
+
+    def _new_child(self) -> C:
+        raise NotImplementedError
 
     def _family(self) -> Metric:
         raise NotImplementedError
@@ -73,26 +88,11 @@ class _Family(Collector):
         raise NotImplementedError
 
 
-class LoopCounter(_Family):
+class LoopCounter(_Family[Count]):
     """A labelled counter (exported as ``<name>_total``) changed on the event loop only."""
 
-    def __init__(
-        self,
-        name: str,
-        documentation: str,
-        labelnames: Sequence[str],
-        registry: CollectorRegistry,
-    ) -> None:
-        super().__init__(name, documentation, labelnames, registry)
-        self._children: dict[tuple[str, ...], Count] = {}
-
-    def labels(self, *values: str) -> Count:
-        child = self._children.get(values)
-        if child is None:
-            if len(values) != len(self.labelnames):
-                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
-            child = self._children[values] = Count()
-        return child
+    def _new_child(self) -> Count:
+        return Count()
 
     def _family(self) -> CounterMetricFamily:
         return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
@@ -104,7 +104,7 @@ class LoopCounter(_Family):
         yield family
 
 
-class LoopHistogram(_Family):
+class LoopHistogram(_Family[Observed]):
     """A labelled histogram changed on the event loop only."""
 
     def __init__(
@@ -116,21 +116,15 @@ class LoopHistogram(_Family):
         *,
         buckets: Sequence[float],
     ) -> None:
-        super().__init__(name, documentation, labelnames, registry)
         bounds = sorted(float(b) for b in buckets)
         if not bounds or bounds[-1] != float("inf"):
             bounds.append(float("inf"))
         self.bounds = tuple(bounds)
         self._les = tuple(floatToGoString(b) for b in bounds)  # type: ignore[no-untyped-call]
-        self._children: dict[tuple[str, ...], Observed] = {}
+        super().__init__(name, documentation, labelnames, registry)
 
-    def labels(self, *values: str) -> Observed:
-        child = self._children.get(values)
-        if child is None:
-            if len(values) != len(self.labelnames):
-                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
-            child = self._children[values] = Observed(self.bounds)
-        return child
+    def _new_child(self) -> Observed:
+        return Observed(self.bounds)
 
     def _family(self) -> HistogramMetricFamily:
         return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
