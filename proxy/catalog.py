@@ -19,7 +19,8 @@ Partition objects (their values are used).
 
 Why some scopes are wider than the obvious: the HMS itself changes more than a write names.
 ``update_*_column_statistics`` rewrites ``COLUMN_STATS_ACCURATE`` in the table or partition
-parameters; ``alter_table`` may drop column statistics of columns it removes and changes what
+parameters; ``alter_table`` may drop column statistics of columns it removes, rewrites its
+partitions' parameters when it changes columns (cascade or not), and changes what
 ``get_tables_by_type``/``get_table_names_by_filter`` return. When in doubt, a write here
 invalidates more, never less.
 """
@@ -283,7 +284,10 @@ write("create_table_req", _CREATED, T("request.table.dbName", "request.table.tab
 write("drop_table", _CREATED, T("dbname", "name"))
 write("drop_table_with_environment_context", _CREATED, T("dbname", "name"))
 write("drop_table_req", _CREATED, T("dropTableReq.dbName", "dropTableReq.tableName"))
-_ALTERED = D | TB | ST
+# The partitions too: when the columns change, the HMS rewrites every partition's statistics
+# parameters (and drops their column statistics) with or without cascade
+# (HiveAlterHandler.alterTable), and a request does not say whether they changed.
+_ALTERED = D | TB | ST | P
 write("alter_table", _ALTERED, T("dbname", "tbl_name"), renamed_to="new_tbl")
 write(
     "alter_table_with_environment_context",

@@ -182,7 +182,10 @@ class PartitionReads:
                 )
             except CacheUnavailable:
                 return PartitionLookup(Result.BYPASS)
-        current = versions[key]
+        # A copy: the versions kept in process are the mirror's own dictionaries, which a
+        # later look-up may update while this read's fetch is in flight, and a fill must be
+        # made under the versions read before it (see WholeReads).
+        current = dict(versions[key])
         if fenced_fields(wanted, versions):
             return PartitionLookup(Result.BYPASS)
         out = PartitionLookup(Result.MISS, versions=current)
@@ -340,6 +343,8 @@ class PartitionReads:
                 "order; partitions are no longer cached one by one"
             )
             self.assemble = False
+            if self.l1 is not None:
+                self.l1.clear()  # replies assembled in name order, kept whole (_keep_whole)
             return None
         return got
 

@@ -389,3 +389,59 @@ def test_an_assembled_by_names_reply_is_kept_whole_until_one_of_its_partitions_c
             assert r.hms.calls["get_partitions_by_names"] == 3  # a+b, then b, then zz
 
     asyncio.run(run())
+
+
+class MirroredStore(MemoryStore):
+    """The embedded store, handing out its versions as the mirror does (proxy.cache.mirror):
+    the same dictionary for a hash every time, updated in place as newer values are
+    learned."""
+
+    def __init__(self) -> None:
+        super().__init__(1 << 24)
+        self.views: dict[str, dict[str, bytes | None]] = {}
+
+    def local(self, versions: Any) -> Any:
+        got = self._current(versions)
+        for key, fields in got.items():
+            view = self.views.setdefault(key, {})
+            view.update(fields)
+            got[key] = view
+        return got
+
+
+def test_a_partition_fetched_before_a_write_is_not_filled_under_the_versions_after_it() -> None:
+    async def run() -> None:
+        store = MirroredStore()
+        async with rig(store=store) as r:
+            assert r.cache is not None
+            r.hms.add_table(DB, T, "a", v="1")
+            shared = SessionState("shared")
+            args = {"db_name": DB, "tbl_name": T, "names": ["ds=a"]}
+            key = r.cache.naming.versions(TableRef.of(DB, T).tag)
+            field = partition_field(("a",))
+            params = r.hms.partitions[(DB, T)]["ds=a"].parameters
+
+            async def write(files: str) -> None:  # another proxy's alter_partition, say
+                params["numFiles"] = files
+                await store.bump([Bump(key, field, "partitions")])
+                store.local({key: [field]})  # ... whose versions this proxy learns
+
+            await r.call(shared, "get_partitions_by_names", 1, **args)  # in process now
+            await write("2")
+            # Its entry is judged in process, against the versions kept there: stale, so
+            # fetched; the fetch is held while a second write lands and is learned into
+            # the very dictionary that judgement read.
+            slow = Slow()
+            r.hms.script("get_partitions_by_names", slow)
+            read = asyncio.ensure_future(r.call(shared, "get_partitions_by_names", 2, **args))
+            await until(lambda: r.hms.calls["get_partitions_by_names"] == 2, "the fetch")
+            before_second_write = r.hms.answer("get_partitions_by_names", 2, **args)
+            await write("3")
+            params["numFiles"] = "2"  # what the held fetch read, before the second write
+            slow.gate.set()
+            assert await read == before_second_write
+            params["numFiles"] = "3"
+            after = await r.call(shared, "get_partitions_by_names", 3, **args)
+            assert after == r.hms.answer("get_partitions_by_names", 3, **args)
+
+    asyncio.run(run())
