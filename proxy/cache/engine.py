@@ -242,7 +242,7 @@ class CacheEngine:
         """What the engine keeps in process, by name, for /metrics (hmsproxy_memo_bytes)."""
         return {
             "cache": lambda: self.footprint()[:2],
-            "plans": footprint_of(self._plans, self._repeats),
+            "plans": footprint_of(self._plans, self._repeats, self.partitions.assembled_once),
             "dictionaries": self.dictionaries.footprint(),
             "lock_fences": self.locks.footprint(),
             "fingerprints": fingerprints_footprint,

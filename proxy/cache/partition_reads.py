@@ -39,11 +39,16 @@ from proxy.cache.l1 import L1
 from proxy.cache.plan import PartitionPlan, ReadPlan
 from proxy.cache.reads import Pending, ReadCall, Seen, Served, WholeReads
 from proxy.cache.store import CacheUnavailable, Found, Store
+from proxy.memo import BoundedMemo
 from proxy.metrics import Metrics, method_label
 from proxy.wire.binary import MessageType, encode_header
 from proxy.wire.framing import Message
 
 log = logging.getLogger(__name__)
+
+# Keys of requests assembled once (see PartitionReads._keep_whole): ~250 bytes each.
+ONCE_ENTRIES = 16_384
+ONCE_BYTES = 4 << 20
 
 Values = tuple[str, ...]
 Known = dict[Values, codec.Payload | None]  # None: the metastore does not have that partition
@@ -83,6 +88,9 @@ class PartitionReads:
         self.dictionary_ttl = dictionary_ttl
         self.seen = seen
         self.assemble = True  # False once the metastore was seen to answer out of order
+        # Requests assembled once: the second time one is, it is kept whole (_keep_whole),
+        # so that requests asked once do not crowd the partitions out of the front.
+        self.assembled_once: BoundedMemo[str, None] = BoundedMemo(ONCE_ENTRIES, ONCE_BYTES)
 
     async def read(self, plan: ReadPlan, call: ReadCall) -> Served:
         pp = plan.partitions
@@ -233,6 +241,9 @@ class PartitionReads:
         pp = plan.partitions
         assert pp is not None
         if self.l1 is None or look.absent or not look.known:
+            return
+        if plan.key not in self.assembled_once:
+            self.assembled_once.put(plan.key, None, len(plan.key))
             return
         key = self.naming.versions(pp.tag)
         if any(r.key != key for r in plan.refs):
