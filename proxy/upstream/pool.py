@@ -142,7 +142,10 @@ class UpstreamPool:
             10_000, UGI_REPLY_BYTES, largest=MAX_POOLED_IDENTITY
         )
         self._closed = False
-        self._update_gauges()
+        # Read when scraped (two ints, from the scrape's thread): nothing to update per call.
+        connections = self.metrics.upstream_connections
+        connections.labels("idle").set_function(lambda: self._idle_count)
+        connections.labels("active").set_function(lambda: self._open - self._idle_count)
 
     # -- acquiring and releasing ---------------------------------------------------------
 
@@ -246,7 +249,6 @@ class UpstreamPool:
         self._idle_count += 1
         while self._idle_count > self.options.upstream_max_idle:
             self._discard(self._pop_oldest_idle())
-        self._update_gauges()
         self._wake_next()
 
     def discard(self, conn: UpstreamConnection) -> None:
@@ -291,7 +293,6 @@ class UpstreamPool:
             # No empty queues stay behind: eviction takes the oldest identity's queue, and
             # it must hold a connection (many identities, each with its own, hit this).
             del self._idle[identity]
-        self._update_gauges()
         return found
 
     def _pop_oldest_idle(self) -> UpstreamConnection:
@@ -308,7 +309,6 @@ class UpstreamPool:
         self._unhold(conn)
         conn.close()
         self._open -= 1
-        self._update_gauges()
         self._wake_next()
 
     # -- waiting one's turn ------------------------------------------------------------------
@@ -399,7 +399,6 @@ class UpstreamPool:
             self._pop_oldest_idle().close()
             self._open -= 1
         self._open += 1
-        self._update_gauges()
         return None
 
     def _busy(self, write: bool, patience: float) -> UpstreamUnavailable:
@@ -422,7 +421,6 @@ class UpstreamPool:
         self._open -= 1
         if not write:
             self._reads_held -= 1
-        self._update_gauges()
         self._wake_next()
 
     def _endpoint_order(self) -> list[Endpoint]:
@@ -506,10 +504,6 @@ class UpstreamPool:
             raise
         conn.identity = identity
         return conn
-
-    def _update_gauges(self) -> None:
-        self.metrics.upstream_connections.labels("idle").set(self._idle_count)
-        self.metrics.upstream_connections.labels("active").set(self._open - self._idle_count)
 
     async def ask(
         self,
