@@ -16,8 +16,10 @@ import logging
 import socket
 from typing import cast
 
+from proxy.cache.ready import Ready
 from proxy.config import Options
 from proxy.handler import CallHandler, ClientGone, SessionState
+from proxy.handler.again import Again
 from proxy.handler.identity import authenticated_identity
 from proxy.loop import guarded_write
 from proxy.metrics import AUTH_MECHANISMS, Metrics
@@ -291,15 +293,18 @@ class _ClientProtocol(asyncio.StreamReaderProtocol):
 
     def data_received(self, data: bytes) -> None:
         session = self.session
-        if session is not None and session.waiting:
-            try:
-                answered = session.answer_now(data, self.transport)
-            except Exception:  # after its reply was written (see serve_hit_now): a bug
-                log.exception("%s: internal error after answering at once", session.state.peer)
-                answered = True
-            if answered:
-                return
-            session.waiting = False  # the session's read gets these bytes: no shortcut
+        if session is not None:
+            if session.waiting:
+                try:
+                    answered = session.answer_now(data, self.transport)
+                except Exception:  # after its reply was written (see serve_hit_now): a bug
+                    log.exception("%s: internal error after answering at once", session.state.peer)
+                    answered = True
+                if answered:
+                    return
+                session.waiting = False  # the session's read gets these bytes: no shortcut
+            # What the session's own way does may change what this connection is answered.
+            session.again = None
         super().data_received(data)
 
 
@@ -339,36 +344,56 @@ class _Session:
         # protocol may answer a hit as it arrives (see _ClientProtocol and answer_now).
         self.waiting = False
         self._answered_at = 0.0  # when a request was last answered that way (idle clock)
+        self.again: Again | None = None  # the call answered last that way (see answer_now)
+        self._loop = asyncio.get_running_loop()
 
     def answer_now(self, data: bytes, transport: asyncio.WriteTransport | None) -> bool:
         """Answer ``data`` at once if it is one whole request that is a hit needing no await
         (:meth:`CallHandler.serve_hit_now`); ``False``: nothing was done with it. Only while
         the client's connection has nothing waiting to be written (else the session's own
         writes, with their backpressure, keep the order and bound memory)."""
-        if self.server.stopping or transport is None or transport.get_write_buffer_size():
+        if (
+            self.server.stopping
+            or transport is None
+            or transport.get_write_buffer_size()
+            or transport.is_closing()
+        ):
             return False
-        handler = self.server.handler
-        # A call the client made before, byte for byte but for the seqid, is known without
-        # finding its end or decoding it (the same bytes were one whole message then).
-        repeat = call_without_seqid(data, self.client.transport)
         try:
-            answered: bool | None = None
-            if repeat is not None:
-                answered = handler.serve_repeat_now(self.state, *repeat, self._write_now)
-            if answered is None:
-                message = whole_message(data, self.client.transport, self.options.max_request_bytes)
-                if message is None:
-                    return False
-                known = repeat[0] if repeat is not None else None
-                answered = handler.serve_hit_now(self.state, message, self._write_now, known)
+            # The call answered last, asked again (proxy.handler.again), else looked up.
+            again = self.again
+            answered = (again is not None and again.answer(data, transport)) or (
+                self._answer_looked_up(data)
+            )
         except ClientGone as exc:
             log.debug("%s: connection ended: %s", self.state.peer, exc)
             self.writer.close()  # the session's read then ends it
             return True
         if answered:
             self.state.calls += 1
-            self._answered_at = asyncio.get_running_loop().time()
+            self._answered_at = self._loop.time()
         return answered
+
+    def _answer_looked_up(self, data: bytes) -> bool:
+        handler = self.server.handler
+        transport = self.client.transport
+        # A call the client made before, byte for byte but for the seqid, is known without
+        # finding its end or decoding it (the same bytes were one whole message then).
+        repeat = call_without_seqid(data, transport)
+        ready: Ready | bool | None = False
+        if repeat is not None:
+            ready = handler.serve_repeat_now(self.state, *repeat, self._write_now)
+        if ready is False:  # not known by its bytes
+            message = whole_message(data, transport, self.options.max_request_bytes)
+            if message is None:
+                return False
+            known = repeat[0] if repeat is not None else None
+            ready = handler.serve_hit_now(self.state, message, self._write_now, known)
+        if not isinstance(ready, Ready):
+            self.again = None
+            return False
+        self.again = handler.again(ready, data, transport)
+        return True
 
     def _write_now(self, reply: bytes) -> None:
         self.client._write(self.client.transport.frame(reply))

@@ -29,12 +29,12 @@ from typing import Protocol
 from proxy import idl
 from proxy.cache.decide import Result, Verdict, fingerprints_footprint
 from proxy.cache.dictionaries import Dictionaries
-from proxy.cache.entry import Payload
 from proxy.cache.fences import LockFences
 from proxy.cache.l1 import L1
 from proxy.cache.partition_reads import PartitionReads
 from proxy.cache.plan import Planner, ReadPlan, WritePlan
 from proxy.cache.reads import ReadCall, Seen, Served, WholeReads
+from proxy.cache.ready import Ready
 from proxy.cache.store import MemoryStore, Store
 from proxy.cache.writes import MAX_PENDING, Changes, Invalidations, WriteIntent
 from proxy.catalog import MethodSpec
@@ -143,6 +143,8 @@ class CacheEngine:
         self.fill = self.whole.fill
         self.fill_fingerprint = self.whole.fill_fingerprint
         self.lookup_partitions = self.partitions.lookup
+        # A hit served at once, asked again (see proxy.handler.dispatch.Again).
+        self.hit_again = self.whole.hit_again
 
     @property
     def writes(self) -> int:
@@ -204,9 +206,9 @@ class CacheEngine:
         identity: bytes | None,
         largest: int,
         repeat: bytes | None = None,
-    ) -> Payload | None:
-        """The cached reply (at most ``largest`` bytes) to a cacheable read on a shared
-        connection, if it is a hit that needs no await (see :meth:`WholeReads.hit_now`);
+    ) -> Ready | None:
+        """The hit (its reply at most ``largest`` bytes) to serve for a cacheable read on a
+        shared connection, if it is one that needs no await (see :meth:`WholeReads.hit_now`);
         ``None``: take :meth:`read`, which decides again (nothing was counted). ``repeat``:
         the call's bytes but for its seqid (``binary.call_without_seqid``); its plan is then
         remembered by them, for :meth:`repeated_hit`."""
@@ -221,17 +223,17 @@ class CacheEngine:
 
     def repeated_hit(
         self, repeat: bytes, identity: bytes | None, largest: int
-    ) -> tuple[bool, str, Payload | None]:
-        """:meth:`hit_now` for a call known by its bytes but for the seqid: (known, its
-        method, the reply or ``None``). Not known: ask :meth:`hit_now` with the message (the
-        same bytes were a whole message with a plan, so they are again: no scan, no
-        decode, no digest here)."""
+    ) -> tuple[bool, Ready | None]:
+        """:meth:`hit_now` for a call known by its bytes but for the seqid: (known, the hit
+        or ``None``). Not known: ask :meth:`hit_now` with the message (the same bytes were a
+        whole message with a plan, so they are again: no scan, no decode, no digest
+        here)."""
         plan = self._repeats.get((identity if self.planner.per_user else None, repeat))
         if plan is None:
-            return False, "", None
-        return True, plan.method, self.hit_by_plan(plan, largest)
+            return False, None
+        return True, self.hit_by_plan(plan, largest)
 
-    def hit_by_plan(self, plan: ReadPlan, largest: int) -> Payload | None:
+    def hit_by_plan(self, plan: ReadPlan, largest: int) -> Ready | None:
         if plan.partitions is not None and self.partitions.assemble:
             return self.partitions.hit_now(plan, largest)
         return self.whole.hit_now(plan, largest)

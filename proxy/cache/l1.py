@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from proxy.cache.entry import Entry
 
 if TYPE_CHECKING:
-    from proxy.cache.decide import Verdict
+    from proxy.cache.ready import Ready
 
 # What an entry costs beyond its key and payload (the Entry, the Item, the dict slot).
 OVERHEAD_BYTES = 250
@@ -26,9 +26,12 @@ class Item:
     entry: Entry
     expires_at: float  # monotonic
     size: int
-    # Its last hit's verdict and the store's version generation then (see
-    # WholeReads.judged_now); the verdict holds nothing the entry does not. Gone with it.
-    judged: tuple[int, Verdict] | None = None
+    # Its hits' judgement (see WholeReads.judged_now): retired when the item goes.
+    ready: Ready | None = None
+
+    def retire(self) -> None:
+        if self.ready is not None:
+            self.ready.retire()
 
 
 class L1:
@@ -52,6 +55,11 @@ class L1:
         self._items.move_to_end(key)
         return item
 
+    def touch(self, key: str) -> None:
+        """A hit on ``key`` answered without :meth:`item`: kept in LRU order."""
+        if key in self._items:
+            self._items.move_to_end(key)
+
     def put(self, key: str, entry: Entry, ttl: float) -> None:
         size = len(key) + len(entry.payload) + OVERHEAD_BYTES
         if size > self.max_bytes // 4 or ttl <= 0:
@@ -62,13 +70,17 @@ class L1:
         while self.bytes > self.max_bytes:
             _, old = self._items.popitem(last=False)
             self.bytes -= old.size
+            old.retire()
 
     def pop(self, key: str) -> None:
         old = self._items.pop(key, None)
         if old is not None:
             self.bytes -= old.size
+            old.retire()
 
     def clear(self) -> None:
+        for item in self._items.values():
+            item.retire()
         self._items.clear()
         self.bytes = 0
 

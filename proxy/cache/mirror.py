@@ -33,9 +33,12 @@ decides how many there are).
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from proxy.cache.store import Standing
 
 Fields = dict[str, bytes | None]
 
@@ -73,8 +76,10 @@ class VersionMirror:
         self._sizes: dict[str, int] = {}
         self.bytes = 0
         self._seq = 0  # counts invalidations and resynchronisations
-        # Changes whenever a field get() could answer changes or goes (see Store.generation).
-        self.generation = 0
+        # Its generation changes whenever a field get() could answer changes or goes, and
+        # it is trusted until the oldest stream's newest beat is max_lag old (rule 1; see
+        # Store.generation).
+        self.standing = Standing(-math.inf)
         self._floor = 1  # tickets below this learn nothing (taken before a resubscription)
         self._dropped: dict[str, int] = {}  # key -> seq of its latest invalidation
         self._beats: dict[str, tuple[int, float]] = {}  # beat key -> (stream, sent at)
@@ -82,6 +87,10 @@ class VersionMirror:
         self.lags: list[float] = []  # beats' delivery times, for the metrics to take
 
     # -- the streams -----------------------------------------------------------------------
+
+    @property
+    def generation(self) -> int:
+        return self.standing.generation
 
     def reset(self, streams: int) -> None:
         """The set of streams changed (a new connection, a new cluster topology)."""
@@ -100,8 +109,17 @@ class VersionMirror:
             self._streams[stream] = _Stream()
         self._resync()
 
+    def _trust(self) -> None:
+        """Rule 1, as :attr:`standing` tells it: called on every change to a stream."""
+        confirmed = [s.confirmed_at if s.subscribed else None for s in self._streams]
+        if not confirmed or None in confirmed:
+            self.standing.until = -math.inf
+        else:
+            self.standing.until = min(t for t in confirmed if t is not None) + self.max_lag
+
     def _resync(self) -> None:
         self.resyncs += 1
+        self._trust()
         self._forget_all()
 
     def expect(self, key: str, stream: int, sent_at: float) -> None:
@@ -113,10 +131,7 @@ class VersionMirror:
 
     def trusted(self, now: float) -> bool:
         """Whether hits may be served from here (rule 1); ``now`` is monotonic."""
-        for s in self._streams:
-            if not s.subscribed or s.confirmed_at is None or now - s.confirmed_at > self.max_lag:
-                return False
-        return bool(self._streams)
+        return now <= self.standing.until
 
     def lag(self, now: float) -> float | None:
         """Seconds since the oldest stream's newest confirmed beat was sent (``None``: a
@@ -159,6 +174,7 @@ class VersionMirror:
         s = self._streams[stream]
         if s.confirmed_at is None or sent_at > s.confirmed_at:
             s.confirmed_at = sent_at
+            self._trust()
         if len(self.lags) < 1000:
             self.lags.append(now - sent_at)
         horizon = now - self.max_lag * BEAT_PATIENCE
@@ -178,13 +194,13 @@ class VersionMirror:
         self._forget_all()
 
     def _drop(self, key: str, seq: int) -> None:
-        self.generation += 1
+        self.standing.generation += 1
         self._dropped[key] = seq
         if self._hashes.pop(key, None) is not None:
             self.bytes -= self._sizes.pop(key)
 
     def _forget_all(self) -> None:
-        self.generation += 1
+        self.standing.generation += 1
         self._seq += 1
         self._floor = self._seq + 1
         self._hashes.clear()
@@ -232,14 +248,14 @@ class VersionMirror:
             if name not in known:
                 added += FIELD_OVERHEAD + len(name) + (len(value) if value else 0)
             elif known[name] != value:
-                self.generation += 1  # (a newer value than a hit may have been judged by)
+                self.standing.generation += 1  # (a newer value than a hit may have been judged by)
             known[name] = value
         self._sizes[key] += added
         self.bytes += added
         while self.bytes > self.max_bytes and self._hashes:
             old, _ = self._hashes.popitem(last=False)
             self.bytes -= self._sizes.pop(old)
-            self.generation += 1
+            self.standing.generation += 1
 
     def __len__(self) -> int:
         return len(self._hashes)

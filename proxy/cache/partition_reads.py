@@ -33,11 +33,11 @@ from proxy.cache.decide import (
     partition_fingerprint,
 )
 from proxy.cache.dictionaries import Dictionaries
-from proxy.cache.entry import Payload
 from proxy.cache.keys import EPOCH, Naming, partition_field
 from proxy.cache.l1 import L1
 from proxy.cache.plan import PartitionPlan, ReadPlan
 from proxy.cache.reads import Pending, ReadCall, Seen, Served, WholeReads
+from proxy.cache.ready import Ready
 from proxy.cache.store import CacheUnavailable, Found, Store
 from proxy.memo import BoundedMemo
 from proxy.metrics import Metrics, method_label
@@ -143,19 +143,15 @@ class PartitionReads:
             return Served(await call.send(reply.data), "upstream")
         return Served(await call.send(self._assembled(plan, seqid, {**known, **got})), "upstream")
 
-    def hit_now(self, plan: ReadPlan, largest: int) -> Payload | None:
+    def hit_now(self, plan: ReadPlan, largest: int) -> Ready | None:
         """The repeated request's whole reply, if it is a hit that needs no await (as
         :meth:`WholeReads.hit_now`); ``None``: take :meth:`read`."""
         pp = plan.partitions
         assert pp is not None
         if not self.assemble:
             return None
-        verdict = self.whole_reads.judged_now(plan, largest)  # its whole reply, judged so
-        if verdict is None:
-            return None
-        if self.seen is not None:
-            self.seen.looked_up(pp.table, verdict.result is Result.HIT)
-        return verdict.reply
+        # Its whole reply, judged so.
+        return self.whole_reads.judged_now(plan, largest, pp.table, negative_seen_as_hit=False)
 
     async def lookup(self, plan: ReadPlan) -> PartitionLookup:
         pp = plan.partitions

@@ -33,6 +33,7 @@ from proxy.cache.entry import Payload
 from proxy.cache.keys import EPOCH, TableRef
 from proxy.cache.l1 import L1
 from proxy.cache.plan import ReadPlan
+from proxy.cache.ready import Ready
 from proxy.cache.store import CacheUnavailable, Found, Store
 from proxy.metrics import Metrics, method_label
 from proxy.wire.framing import Message
@@ -221,49 +222,77 @@ class WholeReads:
                 self._turns.pop(key, None)
         return Served(outcome, "upstream")
 
-    def hit_now(self, plan: ReadPlan, largest: int) -> Payload | None:
-        """The reply to serve, if the call is a hit that needs no await: its entry and its
+    def hit_now(self, plan: ReadPlan, largest: int) -> Ready | None:
+        """The hit to serve, if the call is one that needs no await: its entry and its
         versions are in process (the decoded front, and the embedded store's versions or
         the copy Redis keeps coherent), and no invalidation is pending. ``None``: take
         :meth:`read` (nothing was counted), as for replies over ``largest`` bytes (the
         ordinary way writes those in slices). Iceberg entries always read Redis."""
-        verdict = self.judged_now(plan, largest)
-        if verdict is None:
-            return None
-        if plan.table is not None and self.seen is not None:
-            self.seen.looked_up(plan.table, True)
-        return verdict.reply
+        return self.judged_now(plan, largest, plan.table, negative_seen_as_hit=True)
 
-    def judged_now(self, plan: ReadPlan, largest: int) -> Verdict | None:
-        """The hit :meth:`hit_now` serves (counted as a look-up), for ``plan``'s entry in the
-        decoded front; ``None``: not one to serve at once (nothing counted)."""
+    def judged_now(
+        self, plan: ReadPlan, largest: int, table: TableRef | None, *, negative_seen_as_hit: bool
+    ) -> Ready | None:
+        """The hit :meth:`hit_now` serves (counted as a look-up, and on the status page as a
+        look-up of ``table``: a hit, or a negative one if ``negative_seen_as_hit``), for
+        ``plan``'s entry in the decoded front; ``None``: not one to serve at once (nothing
+        counted)."""
         item = self.l1.item(plan.key) if self.l1 is not None else None
         if item is None or item.entry.iceberg or self.pending.pending:
             return None
         generation = self.store.generation()
         if generation is None:
             return None
-        front, judged = item.entry, item.judged
-        if judged is not None and judged[0] == generation:
-            # Nothing a version look-up could answer has changed since this entry's last hit
-            # was judged: the same judgement, but for its expiry. (The entry's key is a
-            # digest of the request, from which the planner, fixed at start, makes the refs.)
-            verdict = judged[1]
-            if front.expires_at <= time.time():
-                return None
-        else:
+        ready = item.ready
+        if ready is None:
+            # The entry's own expiry (Unix time) as a monotonic deadline, with its copy's.
+            expires = time.monotonic() + item.entry.expires_at - time.time()
+            deadline = min(expires, item.expires_at)
+            label = method_label(plan.method)
+            ready = item.ready = Ready(plan.key, label, deadline, table)
+        if ready.generation != generation:
             versions = self.store.local(plan.grouped)
             if versions is None:
                 return None
-            verdict = judge(plan.refs, versions, front, now=time.time(), serve_iceberg=True)
+            verdict = judge(plan.refs, versions, item.entry, now=time.time(), serve_iceberg=True)
             if not verdict.hit:
                 return None
-            item.judged = (generation, verdict)
-        if len(verdict.reply) > largest:
+            # Nothing a version look-up could answer changes while the generation stands:
+            # the same judgement until then, but for the entry's expiry. (The entry's key
+            # is a digest of the request, from which the planner, fixed at start, makes
+            # the refs.)
+            lookups = self.metrics.cache_lookups.labels(ready.method, verdict.result.value)
+            seen_hit = negative_seen_as_hit or verdict.result is Result.HIT
+            ready.judged(generation, verdict.reply, lookups, seen_hit)
+        elif ready.deadline <= time.monotonic():
+            return None
+        if len(ready.reply) > largest:
             return None
         self.store.used_local_versions()
-        self.metrics.cache_lookups.labels(method_label(plan.method), verdict.result.value).inc()
-        return verdict
+        ready.lookups.inc()
+        if ready.table is not None and self.seen is not None:
+            self.seen.looked_up(ready.table, ready.seen_hit)
+        return ready
+
+    def hit_again(self, ready: Ready) -> bool:
+        """Whether ``ready``, a hit served at once before, is still the one to serve, and
+        nothing else needs deciding (the same conditions as :meth:`judged_now`, read off
+        ``ready``); counted as :meth:`judged_now` counts it when it is."""
+        standing, now = self.store.standing, time.monotonic()
+        if (
+            ready.generation != standing.generation
+            or now > standing.until
+            or now >= ready.deadline
+            or self.pending.pending
+        ):
+            return False
+        self.store.used_local_versions()
+        ready.lookups.inc()
+        if ready.table is not None and self.seen is not None:
+            self.seen.looked_up(ready.table, ready.seen_hit)
+        if self.l1 is not None:
+            self.l1.touch(ready.key)
+        return True
 
     async def lookup(self, plan: ReadPlan) -> Verdict:
         if self.pending.pending and not await self.pending.settled():

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -50,7 +51,14 @@ from proxy.cache.redis_commands import (
     op,
 )
 from proxy.cache.redis_tls import refusal
-from proxy.cache.store import CacheUnavailable, Found, Versions, new_epoch, note_fences
+from proxy.cache.store import (
+    CacheUnavailable,
+    Found,
+    Standing,
+    Versions,
+    new_epoch,
+    note_fences,
+)
 from proxy.cache.tracking import InvalidationStreams, Place
 from proxy.loop import closed_transport
 from proxy.metrics import Metrics
@@ -137,6 +145,8 @@ class RedisStore:
                 timeout=timeout,
             )
         self._retracking: asyncio.Task[None] | None = None
+        # Without a coherent copy nothing in process is trusted: every hit reads Redis.
+        self.standing = self.mirror.standing if self.mirror is not None else Standing(-math.inf)
         self._local = metrics.version_reads.labels("local")
         self._remote = metrics.version_reads.labels("redis")
 
@@ -428,10 +438,7 @@ class RedisStore:
         self._local.inc()
 
     def generation(self) -> int | None:
-        mirror = self.mirror
-        if mirror is None or not mirror.trusted(time.monotonic()):
-            return None
-        return mirror.generation
+        return self.standing.at(time.monotonic())
 
     async def lookup(
         self, versions: Mapping[str, Sequence[str]], entries: Sequence[str], *, fresh: bool = False

@@ -24,6 +24,7 @@ the metastore (fail open).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections import OrderedDict
@@ -49,8 +50,28 @@ def new_epoch() -> bytes:
     return os.urandom(8).hex().encode()
 
 
+class Standing:
+    """Whether a hit judged in process still stands, read in two attributes (the hit path
+    asks on every call). ``generation`` changes whenever anything :meth:`Store.local`
+    answers may have changed (a version, an epoch, a fence; a hash forgotten); ``until``
+    (monotonic) is when what the store keeps in process stops being trusted: never for the
+    embedded store, and for a shared store's coherent copy the moment its invalidation
+    stream would be late (``-inf`` while it is down, or with no copy at all)."""
+
+    __slots__ = ("generation", "until")
+
+    def __init__(self, until: float) -> None:
+        self.generation = 0
+        self.until = until
+
+    def at(self, now: float) -> int | None:
+        """The generation, if what is kept in process is trusted at ``now`` (monotonic)."""
+        return self.generation if now <= self.until else None
+
+
 class Store(Protocol):
     compress: bool
+    standing: Standing  # see generation()
 
     async def lookup(
         self, versions: Mapping[str, Sequence[str]], entries: Sequence[str], *, fresh: bool = False
@@ -69,7 +90,8 @@ class Store(Protocol):
         """A number that changes whenever anything :meth:`local` answers may have changed
         (a version, an epoch, a fence; a hash forgotten); ``None`` while :meth:`local` could
         not answer. A hit judged under one generation is judged the same while it stands
-        (fences only ever expire, entries are checked for their own expiry)."""
+        (fences only ever expire, entries are checked for their own expiry). Both are
+        :attr:`standing`'s, now."""
 
     async def ensure_epochs(self, keys: Sequence[str]) -> dict[str, bytes]: ...
 
@@ -152,7 +174,7 @@ class MemoryStore:
         self._marks: dict[str, dict[str, float]] = {}  # lock fences, by version key
         self._marked = 0
         self._bytes = 0
-        self._generation = 0  # see generation()
+        self.standing = Standing(math.inf)  # everything is in process: always trusted
 
     @property
     def stored_bytes(self) -> int:
@@ -187,7 +209,7 @@ class MemoryStore:
         pass  # every look-up here is in process: nothing to tell apart
 
     def generation(self) -> int:
-        return self._generation
+        return self.standing.generation
 
     def _current(self, versions: Mapping[str, Sequence[str]]) -> Versions:
         got: Versions = {}
@@ -208,7 +230,7 @@ class MemoryStore:
             epoch = fields.get(EPOCH)
             if epoch is None:
                 epoch = fields[EPOCH] = new_epoch()
-                self._generation += 1
+                self.standing.generation += 1
             out[key] = epoch
         return out
 
@@ -218,7 +240,7 @@ class MemoryStore:
             fields = self._versions[key] = {}
             while len(self._versions) > self.max_version_hashes:
                 self._versions.popitem(last=False)
-                self._generation += 1
+                self.standing.generation += 1
         else:
             self._versions.move_to_end(key)
         return fields
@@ -241,7 +263,7 @@ class MemoryStore:
             self._bytes -= _cost(key, old[0])
 
     async def bump(self, bumps: Sequence[Bump]) -> None:
-        self._generation += 1
+        self.standing.generation += 1
         for b in bumps:
             fields = self._hash(b.key)
             if b.field == EPOCH:
@@ -266,7 +288,7 @@ class MemoryStore:
         self._entries.clear()
         self._versions.clear()
         self._bytes = 0
-        self._generation += 1
+        self.standing.generation += 1
         return count
 
     async def lease(self, key: str, token: str, ttl: float) -> bool:
@@ -308,7 +330,7 @@ class MemoryStore:
         for key, name in items:
             self._prune(key, now)
             self._marks.setdefault(key, {})[name] = deadline
-        self._generation += 1
+        self.standing.generation += 1
         await self.bump(bumps)
 
     def _prune(self, key: str, now: float) -> None:
@@ -321,7 +343,7 @@ class MemoryStore:
             del self._marks[key]
 
     async def unmark(self, items: Sequence[tuple[str, str]]) -> int:
-        self._generation += 1
+        self.standing.generation += 1
         removed = 0
         for key, name in items:
             marks = self._marks.get(key)

@@ -14,25 +14,29 @@ echoes the client's own seqid; cached replies get the caller's seqid patched in.
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from collections.abc import Callable
 
 from proxy import catalog, idl
 from proxy.cache import locks
 from proxy.cache.engine import CacheEngine
-from proxy.cache.entry import Payload
+from proxy.cache.ready import Ready
 from proxy.catalog import Kind
+from proxy.handler import again
+from proxy.handler.again import Again
 from proxy.handler.forward import Forwarder, fail
 from proxy.handler.identity import Identities
 from proxy.handler.reads import cached_read
 from proxy.handler.session import ClientGone, NoReply, SessionState
 from proxy.handler.writes import Writes
 from proxy.metrics import Metrics, method_label
-from proxy.upstream import ClientChannel, UpstreamPool, result_outcome
-from proxy.wire.binary import AppErrorType, MessageType, reseq
-from proxy.wire.framing import Message
+from proxy.upstream import ClientChannel, UpstreamPool
+from proxy.wire.binary import AppErrorType, MessageType
+from proxy.wire.framing import Message, Transport, seqid_offset
 
 log = logging.getLogger(__name__)
+_I32 = struct.Struct(">i")
 
 # Replies up to this size may be written at once by serve_hit_now (one copy, one write);
 # larger ones take the ordinary way, written in slices with backpressure.
@@ -114,78 +118,91 @@ class CallHandler:
         message: Message,
         write: Callable[[bytes], None],
         repeat: bytes | None = None,
-    ) -> bool:
+    ) -> Ready | None:
         """Answer a call that is a cache hit needing no await (see
         :meth:`CacheEngine.hit_now`) through ``write``, at once: no task, no coroutine, the
-        same reply, metrics and outcome as :meth:`handle` gives it. ``False``: nothing was
-        written or counted; the call takes :meth:`handle`. ``write`` raises ConnectionError
-        when the client is gone (then ClientGone, counted as :meth:`handle` counts it).
-        ``repeat``: the call's bytes but for its seqid, by which :meth:`serve_repeat_now`
-        will know it."""
+        same reply, metrics and outcome as :meth:`handle` gives it; the hit it answered.
+        ``None``: nothing was written or counted; the call takes :meth:`handle`. ``write``
+        raises ConnectionError when the client is gone (then ClientGone, counted as
+        :meth:`handle` counts it). ``repeat``: the call's bytes but for its seqid, by which
+        :meth:`serve_repeat_now` will know it."""
         cache = self.cache
         header = message.header
         if cache is None or header.type != MessageType.CALL or session.pinned is not None:
-            return False
+            return None
         spec = catalog.lookup(header.name)
         if spec is None or spec.kind is not Kind.CACHEABLE_READ:
-            return False
+            return None
         started = time.perf_counter()
         try:
-            reply = cache.hit_now(
+            ready = cache.hit_now(
                 spec, message, session.cache_identity, IMMEDIATE_REPLY_BYTES, repeat
             )
         except Exception:  # the ordinary way answers it (and reports what went wrong)
             log.debug("%s: no immediate answer to %s", session.peer, header.name, exc_info=True)
-            return False
-        return self._answer_now(header.name, header.seqid, reply, write, started)
+            return None
+        return self._answer_now(header.seqid, ready, write, started)
 
     def serve_repeat_now(
         self, session: SessionState, repeat: bytes, seqid: int, write: Callable[[bytes], None]
-    ) -> bool | None:
+    ) -> Ready | bool:
         """:meth:`serve_hit_now` for a call known by its bytes but for the seqid (``repeat``,
-        see ``binary.call_without_seqid``), without the message: ``None`` if they are not
-        known (then ask :meth:`serve_hit_now`)."""
+        see ``binary.call_without_seqid``), without the message: ``False`` if they are not
+        known (then ask :meth:`serve_hit_now`), ``True`` if it is known and not a hit to
+        answer at once."""
         cache = self.cache
         if cache is None or session.pinned is not None:
-            return False
+            return True
         started = time.perf_counter()
         try:
-            known, method, reply = cache.repeated_hit(
-                repeat, session.cache_identity, IMMEDIATE_REPLY_BYTES
-            )
+            known, ready = cache.repeated_hit(repeat, session.cache_identity, IMMEDIATE_REPLY_BYTES)
         except Exception:
             log.debug("%s: no immediate answer to a repeated call", session.peer, exc_info=True)
-            return False
+            return True
         if not known:
+            return False
+        return self._answer_now(seqid, ready, write, started) or True
+
+    def again(self, ready: Ready, request: bytes, transport: Transport) -> Again | None:
+        """What answers ``request`` again on its connection (its bytes but for the seqid the
+        same), while ``ready``, with which it was just answered, holds; ``None``: not a
+        call to know that way (see ``binary.seqid_offset``)."""
+        at = seqid_offset(request, transport)
+        if at is None or self.cache is None or ready.answer is None:
             return None
-        return self._answer_now(method, seqid, reply, write, started)
+        label = ready.method
+        return Again(
+            request,
+            at,
+            transport,
+            ready,
+            self.cache.hit_again,
+            self.metrics.requests.labels(label, ready.answer[2]),
+            self.metrics.request_duration.labels(label, "cache"),
+            self.metrics.requests.labels(label, "client_gone"),
+        )
 
     def _answer_now(
-        self,
-        method: str,
-        seqid: int,
-        reply: Payload | None,
-        write: Callable[[bytes], None],
-        started: float,
-    ) -> bool:
-        if reply is None:
-            return False
+        self, seqid: int, ready: Ready | None, write: Callable[[bytes], None], started: float
+    ) -> Ready | None:
+        if ready is None:
+            return None
+        if ready.answer is None:
+            try:
+                ready.answer = again.prepared(ready.reply)
+            except Exception:
+                log.debug("no immediate answer to %s", ready.method, exc_info=True)
+                return None
         try:
-            head, at, mtype = reseq(reply, seqid)
-            outcome = result_outcome(mtype, bytes(reply[at : at + 3]))
-            data = head + memoryview(reply)[at:]
-        except Exception:
-            log.debug("no immediate answer to %s", method, exc_info=True)
-            return False
-        label = method_label(method)
-        try:
-            write(data)
+            outcome = again.answer(ready, _I32.pack(seqid), write)
         except ConnectionError as exc:
-            self.metrics.requests.labels(label, "client_gone").inc()
+            self.metrics.requests.labels(ready.method, "client_gone").inc()
             raise ClientGone(f"client connection lost: {exc}") from exc
-        self.metrics.requests.labels(label, outcome).inc()
-        self.metrics.request_duration.labels(label, "cache").observe(time.perf_counter() - started)
-        return True
+        self.metrics.requests.labels(ready.method, outcome).inc()
+        self.metrics.request_duration.labels(ready.method, "cache").observe(
+            time.perf_counter() - started
+        )
+        return ready
 
     def end_session(self, session: SessionState) -> None:
         self.identities.end_session(session)

@@ -149,18 +149,27 @@ def _decode_name(buf: bytes | bytearray | memoryview, start: int, end: int) -> s
 REPEAT_BYTES: Final = 4096
 
 
-def call_without_seqid(data: bytes, start: int) -> tuple[bytes, int] | None:
-    """(the bytes of the strict CALL message at ``data[start:]`` with its seqid left out,
-    its seqid): what a client repeating a call sends again but for the seqid, for calls of
-    at most :data:`REPEAT_BYTES`. ``None``: not a small strict call. Nothing is checked
-    beyond the header: the caller knows these bytes (or not) as a message seen whole."""
+def seqid_offset(data: bytes, start: int) -> int | None:
+    """Where the seqid is in the strict CALL message at ``data[start:]``, for calls of at
+    most :data:`REPEAT_BYTES`. ``None``: not a small strict call. Nothing is checked beyond
+    the header: the caller knows these bytes (or not) as a message seen whole."""
     end = len(data)
     if end - start > REPEAT_BYTES or end - start < 12:
         return None
     if data[start] != 0x80 or data[start + 1] != 0x01 or data[start + 3] != MessageType.CALL:
         return None
-    at = start + 8 + _unpack_i32(data, start + 4)[0]
+    at: int = start + 8 + _unpack_i32(data, start + 4)[0]
     if not start + 8 < at <= end - 4:
+        return None
+    return at
+
+
+def call_without_seqid(data: bytes, start: int) -> tuple[bytes, int] | None:
+    """(the bytes of the strict CALL message at ``data[start:]`` with its seqid left out,
+    its seqid): what a client repeating a call sends again but for the seqid, for calls of
+    at most :data:`REPEAT_BYTES` (see :func:`seqid_offset`)."""
+    at = seqid_offset(data, start)
+    if at is None:
         return None
     return data[start:at] + data[at + 4 :], _unpack_i32(data, at)[0]
 

@@ -85,11 +85,23 @@ def call_without_seqid(data: bytes, transport: Transport) -> tuple[bytes, int] |
     """(the message's bytes without its seqid, the seqid) if ``data`` is one small strict
     call on ``transport`` (see :func:`binary.call_without_seqid`): a framed one must fill
     its frame exactly. ``None``: not such a call."""
+    start = _call_start(data, transport)
+    return None if start is None else binary.call_without_seqid(data, start)
+
+
+def seqid_offset(data: bytes, transport: Transport) -> int | None:
+    """Where the seqid is in ``data``, if it is one small strict call on ``transport`` (as
+    :func:`call_without_seqid` knows it)."""
+    start = _call_start(data, transport)
+    return None if start is None else binary.seqid_offset(data, start)
+
+
+def _call_start(data: bytes, transport: Transport) -> int | None:
     if transport is Transport.FRAMED:
         if len(data) < 4 or _FRAME.unpack_from(data, 0)[0] != len(data) - 4:
             return None
-        return binary.call_without_seqid(data, 4)
-    return binary.call_without_seqid(data, 0)
+        return 4
+    return 0
 
 
 class MessageReader:

@@ -18,6 +18,7 @@ from proxy import idl
 from proxy.cache import locks
 from proxy.cache.keys import Bump, TableRef, partition_field
 from proxy.cache.plan import Planner, Ttls
+from proxy.cache.ready import Ready
 from proxy.cache.store import MemoryStore
 from proxy.handler import SessionState
 from proxy.server import ThriftServer
@@ -314,16 +315,16 @@ def test_a_repeated_call_is_known_by_its_bytes_and_per_user_caches_keep_users_ap
             message = whole_message(data, Transport.BUFFERED, 1 << 20)
             assert repeat is not None and message is not None
             out: list[bytes] = []
-            assert r.handler.serve_repeat_now(alice, *repeat, out.append) is None  # not yet
+            assert r.handler.serve_repeat_now(alice, *repeat, out.append) is False  # not yet
             assert r.handler.serve_hit_now(alice, message, out.append, repeat[0])
             again = call_without_seqid(get_table(9), Transport.BUFFERED)
             assert again is not None and again[0] == repeat[0]
-            assert r.handler.serve_repeat_now(alice, *again, out.append) is True
+            assert isinstance(r.handler.serve_repeat_now(alice, *again, out.append), Ready)
             assert out == [
                 r.hms.answer("get_table", seqid, dbname=DB, tbl_name=T) for seqid in (2, 9)
             ]
             # The same bytes from bob: alice's plan is not his, and neither is her entry.
-            assert r.handler.serve_repeat_now(bob, *again, out.append) is None
+            assert r.handler.serve_repeat_now(bob, *again, out.append) is False
             assert not r.handler.serve_hit_now(bob, message, out.append, repeat[0])
             assert len(out) == 2
             # Not a small strict call: not known by its bytes (the ordinary checks decide).

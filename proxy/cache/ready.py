@@ -1,0 +1,69 @@
+"""A cache hit judged once, kept with its in-process copy to be answered again.
+
+A hit answered at once (see :meth:`.reads.WholeReads.judged_now`) is judged against the
+versions kept in process; the judgement stands while the store's version generation does
+(:meth:`.store.Store.generation`: it moves with every change a version look-up could see),
+until the entry expires, and while the in-process copy is kept. :class:`Ready` is that
+judgement, one per in-process copy, updated in place when a new generation confirms it:
+a connection that asks the same thing again checks three numbers and answers, with the
+reply's parts the first answer prepared (see :class:`proxy.handler.dispatch.Again`).
+
+When its copy leaves the in-process front (evicted, replaced, expired, cleared), the L1
+retires it: it answers nothing again and lets go of the reply.
+"""
+
+from __future__ import annotations
+
+from proxy.cache.entry import Payload
+from proxy.cache.keys import TableRef
+from proxy.loop_metrics import Count
+
+# A generation no store has: never judged, or retired.
+UNJUDGED = -1
+
+
+class Ready:
+    __slots__ = (
+        "answer",
+        "deadline",
+        "generation",
+        "key",
+        "lookups",
+        "method",
+        "reply",
+        "seen_hit",
+        "table",
+    )
+
+    def __init__(
+        self,
+        key: str,
+        method: str,
+        deadline: float,
+        table: TableRef | None,
+    ) -> None:
+        self.key = key  # the L1 key of its copy
+        self.method = method  # the method's metric label
+        self.deadline = deadline  # monotonic: the entry's expiry, or its copy's if sooner
+        self.table = table  # counted as looked up on the status page (None: not counted)
+        self.seen_hit = True  # counted there as a hit
+        self.generation = UNJUDGED  # the store's generation it was last judged a hit under
+        self.reply: Payload = b""
+        self.lookups = Count()  # hmsproxy_cache_lookups{method, result}, once judged
+        # The reply's parts as a caller prepares them once (proxy.handler.dispatch): the
+        # header up to its seqid, the rest after it, the outcome label.
+        self.answer: tuple[bytes, Payload, str] | None = None
+
+    def judged(self, generation: int, reply: Payload, lookups: Count, seen_hit: bool) -> None:
+        """A hit under ``generation`` (``lookups``: its result's counter): the same reply
+        for every call of its key while it stands."""
+        if reply is not self.reply:
+            self.answer = None
+        self.generation, self.reply, self.lookups = generation, reply, lookups
+        self.seen_hit = seen_hit
+
+    def retire(self) -> None:
+        """Its copy left the in-process front: nothing answered from it again."""
+        self.generation = UNJUDGED
+        self.reply = b""
+        self.answer = None
