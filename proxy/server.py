@@ -259,6 +259,7 @@ class ThriftServer:
         if self._server is not None:
             self._server.close()
         for session in list(self._sessions.values()):
+            session.again = None
             if not session.busy:
                 session.close()
         tasks = list(self._sessions)
@@ -296,7 +297,17 @@ class _ClientProtocol(asyncio.StreamReaderProtocol):
         if session is not None:
             if session.waiting:
                 try:
+                    # The call answered last, asked again (proxy.handler.again): first, in
+                    # as few steps as can be.
+                    again = session.again
+                    if again is not None and again.answer(data, self.transport):  # type: ignore[arg-type]
+                        session.state.calls += 1
+                        session.answered_at = session.loop.time()
+                        return
                     answered = session.answer_now(data, self.transport)
+                except ClientGone as exc:
+                    log.debug("%s: connection ended: %s", session.state.peer, exc)
+                    return  # (closed: the session's read then ends it)
                 except Exception:  # after its reply was written (see serve_hit_now): a bug
                     log.exception("%s: internal error after answering at once", session.state.peer)
                     answered = True
@@ -343,9 +354,9 @@ class _Session:
         # Set while the session waits for a request with nothing buffered: then its
         # protocol may answer a hit as it arrives (see _ClientProtocol and answer_now).
         self.waiting = False
-        self._answered_at = 0.0  # when a request was last answered that way (idle clock)
+        self.answered_at = 0.0  # when a request was last answered that way (idle clock)
         self.again: Again | None = None  # the call answered last that way (see answer_now)
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
 
     def answer_now(self, data: bytes, transport: asyncio.WriteTransport | None) -> bool:
         """Answer ``data`` at once if it is one whole request that is a hit needing no await
@@ -360,18 +371,14 @@ class _Session:
         ):
             return False
         try:
-            # The call answered last, asked again (proxy.handler.again), else looked up.
-            again = self.again
-            answered = (again is not None and again.answer(data, transport)) or (
-                self._answer_looked_up(data)
-            )
+            answered = self._answer_looked_up(data)
         except ClientGone as exc:
             log.debug("%s: connection ended: %s", self.state.peer, exc)
             self.writer.close()  # the session's read then ends it
             return True
         if answered:
             self.state.calls += 1
-            self._answered_at = self._loop.time()
+            self.answered_at = self.loop.time()
         return answered
 
     def _answer_looked_up(self, data: bytes) -> bool:
@@ -496,7 +503,7 @@ class _Session:
             async with asyncio.timeout(timeout):
                 return await self.reader.read(READ_SIZE)
         loop = asyncio.get_running_loop()
-        self._answered_at = loop.time()
+        self.answered_at = loop.time()
         idle = timeout
         while True:
             self.waiting = True
@@ -506,7 +513,7 @@ class _Session:
             except TimeoutError:
                 if idle is None:
                     raise
-                left = self._answered_at + idle - loop.time()
+                left = self.answered_at + idle - loop.time()
                 if left <= 0:
                     raise
                 timeout = left  # requests were answered meanwhile: not idle

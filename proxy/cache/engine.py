@@ -143,8 +143,6 @@ class CacheEngine:
         self.fill = self.whole.fill
         self.fill_fingerprint = self.whole.fill_fingerprint
         self.lookup_partitions = self.partitions.lookup
-        # A hit served at once, asked again (see proxy.handler.dispatch.Again).
-        self.hit_again = self.whole.hit_again
 
     @property
     def writes(self) -> int:

@@ -249,7 +249,7 @@ class WholeReads:
             expires = time.monotonic() + item.entry.expires_at - time.time()
             deadline = min(expires, item.expires_at)
             label = method_label(plan.method)
-            ready = item.ready = Ready(plan.key, label, deadline, table)
+            ready = item.ready = Ready(plan.key, item.entry.payload, label, deadline, table)
         if ready.generation != generation:
             versions = self.store.local(plan.grouped)
             if versions is None:
@@ -263,7 +263,7 @@ class WholeReads:
             # the refs.)
             lookups = self.metrics.cache_lookups.labels(ready.method, verdict.result.value)
             seen_hit = negative_seen_as_hit or verdict.result is Result.HIT
-            ready.judged(generation, verdict.reply, lookups, seen_hit)
+            ready.judged(generation, lookups, seen_hit)  # (a hit's reply: the entry's)
         elif ready.deadline <= time.monotonic():
             return None
         if len(ready.reply) > largest:
@@ -273,26 +273,6 @@ class WholeReads:
         if ready.table is not None and self.seen is not None:
             self.seen.looked_up(ready.table, ready.seen_hit)
         return ready
-
-    def hit_again(self, ready: Ready) -> bool:
-        """Whether ``ready``, a hit served at once before, is still the one to serve, and
-        nothing else needs deciding (the same conditions as :meth:`judged_now`, read off
-        ``ready``); counted as :meth:`judged_now` counts it when it is."""
-        standing, now = self.store.standing, time.monotonic()
-        if (
-            ready.generation != standing.generation
-            or now > standing.until
-            or now >= ready.deadline
-            or self.pending.pending
-        ):
-            return False
-        self.store.used_local_versions()
-        ready.lookups.inc()
-        if ready.table is not None and self.seen is not None:
-            self.seen.looked_up(ready.table, ready.seen_hit)
-        if self.l1 is not None:
-            self.l1.touch(ready.key)
-        return True
 
     async def lookup(self, plan: ReadPlan) -> Verdict:
         if self.pending.pending and not await self.pending.settled():

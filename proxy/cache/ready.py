@@ -23,6 +23,9 @@ UNJUDGED = -1
 
 
 class Ready:
+    """The judgement of one in-process copy's hits (see the module's docstring). Its reply
+    is the copy's, for as long as it lives."""
+
     __slots__ = (
         "answer",
         "deadline",
@@ -38,32 +41,31 @@ class Ready:
     def __init__(
         self,
         key: str,
+        reply: Payload,
         method: str,
         deadline: float,
         table: TableRef | None,
     ) -> None:
         self.key = key  # the L1 key of its copy
+        self.reply = reply  # the copy's reply message
         self.method = method  # the method's metric label
         self.deadline = deadline  # monotonic: the entry's expiry, or its copy's if sooner
         self.table = table  # counted as looked up on the status page (None: not counted)
         self.seen_hit = True  # counted there as a hit
         self.generation = UNJUDGED  # the store's generation it was last judged a hit under
-        self.reply: Payload = b""
         self.lookups = Count()  # hmsproxy_cache_lookups{method, result}, once judged
-        # The reply's parts as a caller prepares them once (proxy.handler.dispatch): the
-        # header up to its seqid, the rest after it, the outcome label.
+        # The reply's parts as the handler prepares them once (proxy.handler.again): the
+        # header up to its seqid, the rest after it, the outcome label. None once retired.
         self.answer: tuple[bytes, Payload, str] | None = None
 
-    def judged(self, generation: int, reply: Payload, lookups: Count, seen_hit: bool) -> None:
-        """A hit under ``generation`` (``lookups``: its result's counter): the same reply
-        for every call of its key while it stands."""
-        if reply is not self.reply:
-            self.answer = None
-        self.generation, self.reply, self.lookups = generation, reply, lookups
-        self.seen_hit = seen_hit
+    def judged(self, generation: int, lookups: Count, seen_hit: bool) -> None:
+        """A hit under ``generation`` (``lookups``: its result's counter): its reply for
+        every call of its key while the generation stands."""
+        self.generation, self.lookups, self.seen_hit = generation, lookups, seen_hit
 
     def retire(self) -> None:
-        """Its copy left the in-process front: nothing answered from it again."""
+        """Its copy left the in-process front: nothing answered from it again, and nothing
+        of the reply kept (whoever still holds this Ready holds a few numbers)."""
         self.generation = UNJUDGED
         self.reply = b""
         self.answer = None

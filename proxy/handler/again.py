@@ -4,12 +4,16 @@ Engines ask the same thing again and again on one connection (Spark's ``get_tabl
 it plans a query, a pooled connection's look-ups of one table). The call a connection had
 answered last at once (see :meth:`.dispatch.CallHandler.serve_hit_now`) is kept as an
 :class:`Again`: the next request is compared with it in place, its bytes but for the seqid,
-and answered while the hit that answered it holds (:meth:`CacheEngine.hit_again`: the
-store's version generation it was judged under, before the entry's expiry, its in-process
-copy still kept, no invalidation pending), with the reply's parts prepared once. Otherwise
-a call is found by its copied bytes in a memo, then its plan, then its entry; on a machine
-whose other processes keep evicting the proxy's memory from the CPU's caches, each of those
-steps costs several times what it costs warm, and the whole hit several times the floor.
+and answered while the hit that answered it holds (the store's version generation it was
+judged under, the versions in process trusted, before the entry's expiry, its in-process
+copy still kept, no invalidation pending: see :class:`proxy.cache.ready.Ready`), with the
+reply's parts prepared once.
+
+Why it pays: otherwise a call is found by its copied bytes in a memo, then its plan, then
+its entry, through a dozen Python calls. Warm, that is a few microseconds; but on a machine
+whose other processes keep evicting the proxy's memory from the CPU's caches between calls
+(a metastore, an engine), each step costs several times that, and a hit cost 2-3 times a
+do-nothing server's round trip. Measured in ``docs/benchmarks.md``.
 
 The session drops its :class:`Again` as soon as a call takes another way: that call may
 change what this connection would be answered (``set_ugi``, a pinned connection).
@@ -21,10 +25,11 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from proxy.cache.engine import CacheEngine
 from proxy.cache.entry import Payload
 from proxy.cache.ready import Ready
 from proxy.handler.session import ClientGone
-from proxy.loop_metrics import Count, Observed
+from proxy.metrics import Metrics
 from proxy.upstream import result_outcome
 from proxy.wire.binary import reseq
 from proxy.wire.framing import Transport
@@ -51,6 +56,13 @@ def answer(ready: Ready, seqid: bytes, write: Write) -> str:
 
 
 class Again:
+    """What answers a connection's last call again (see the module's docstring).
+
+    :meth:`answer` is the hot path of a busy engine's repeated calls, written as one
+    function: its checks are :meth:`.reads.WholeReads.judged_now`'s, read off the
+    :class:`Ready` it judged and the store's :class:`Standing`; its counts are those of
+    :meth:`.dispatch.CallHandler.serve_hit_now`, made in place."""
+
     __slots__ = (
         "after",
         "at",
@@ -58,12 +70,14 @@ class Again:
         "duration",
         "gone",
         "head",
-        "hit_again",
+        "invalidations",
         "length",
-        "parts",
         "ready",
         "requests",
-        "rest",
+        "seen",
+        "standing",
+        "touch",
+        "used_local",
     )
 
     def __init__(
@@ -72,10 +86,8 @@ class Again:
         at: int,
         transport: Transport,
         ready: Ready,
-        hit_again: Callable[[Ready], bool],
-        requests: Count,
-        duration: Observed,
-        gone: Count,
+        cache: CacheEngine,
+        metrics: Metrics,
     ) -> None:
         parts = ready.answer
         assert parts is not None  # (prepared when it was answered)
@@ -83,19 +95,24 @@ class Again:
         self.at = at  # where the request's seqid is
         self.before = request[:at]
         self.after = request[at + 4 :]
-        self.ready = ready
-        self.parts = parts  # the reply's, as prepared (another once it is retired)
+        self.ready = ready  # (its reply's parts are read off it: gone when it is retired)
         self.head = transport.prefix(len(ready.reply)) + parts[0]  # framed, on a framed one
-        self.rest = parts[1]
-        self.hit_again = hit_again
-        self.requests = requests  # hmsproxy_requests{method, outcome} of its reply
-        self.duration = duration  # hmsproxy_request_duration_seconds{method, "cache"}
-        self.gone = gone  # hmsproxy_requests{method, "client_gone"}
+        # What decides, beside the Ready: the store's generation, pending invalidations.
+        self.standing = cache.store.standing
+        self.invalidations = cache.invalidations
+        # What is counted.
+        self.requests = metrics.requests.labels(ready.method, parts[2])
+        self.duration = metrics.request_duration.labels(ready.method, "cache")
+        self.gone = metrics.requests.labels(ready.method, "client_gone")
+        self.used_local = cache.store.used_local_versions
+        seen = cache.whole.seen
+        self.seen = seen.looked_up if seen is not None and ready.table is not None else None
+        self.touch = cache.l1.touch
 
     def answer(self, data: bytes, transport: asyncio.WriteTransport) -> bool:
-        """Answer ``data`` on ``transport`` (open, nothing waiting to be written) if it is
-        the same call, but for its seqid, and the same hit still answers it; ``False``:
-        nothing was written or counted."""
+        """Answer ``data`` on ``transport`` if it is the same call, but for its seqid, and
+        the same hit still answers it; ``False``: nothing was written or counted. Raises
+        ClientGone when the client is (its connection is closed)."""
         if (
             len(data) != self.length
             or not data.startswith(self.before)
@@ -103,15 +120,32 @@ class Again:
         ):
             return False
         started = time.perf_counter()
-        ready = self.ready
-        if ready.answer is not self.parts or not self.hit_again(ready):
+        ready, standing = self.ready, self.standing
+        parts = ready.answer
+        now = time.monotonic()
+        if (
+            parts is None  # retired with its in-process copy
+            or ready.generation != standing.generation  # anything it depends on changed
+            or now > standing.until  # the versions kept in process are not trusted now
+            or now >= ready.deadline  # the entry expired
+            or self.invalidations.pending  # a write's invalidation not applied yet
+            or transport.get_write_buffer_size()  # (the session's writes keep the order)
+            or transport.is_closing()
+        ):
             return False
         at = self.at
         try:
-            transport.write(self.head + data[at : at + 4] + self.rest)
+            transport.write(self.head + data[at : at + 4] + parts[1])
         except (ConnectionError, RuntimeError) as exc:  # (uvloop's, on a closed transport)
-            self.gone.inc()
+            self.gone.value += 1
+            transport.close()
             raise ClientGone(f"client connection lost: {exc}") from exc
-        self.requests.inc()
+        # Counted as the ordinary way counts a hit (Count.inc, in place: the hot path).
+        self.requests.value += 1
+        ready.lookups.value += 1
+        self.used_local()
+        if self.seen is not None:
+            self.seen(ready.table, ready.seen_hit)  # type: ignore[arg-type]  # (not None)
+        self.touch(ready.key)
         self.duration.observe(time.perf_counter() - started)
         return True

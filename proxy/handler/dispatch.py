@@ -170,17 +170,7 @@ class CallHandler:
         at = seqid_offset(request, transport)
         if at is None or self.cache is None or ready.answer is None:
             return None
-        label = ready.method
-        return Again(
-            request,
-            at,
-            transport,
-            ready,
-            self.cache.hit_again,
-            self.metrics.requests.labels(label, ready.answer[2]),
-            self.metrics.request_duration.labels(label, "cache"),
-            self.metrics.requests.labels(label, "client_gone"),
-        )
+        return Again(request, at, transport, ready, self.cache, self.metrics)
 
     def _answer_now(
         self, seqid: int, ready: Ready | None, write: Callable[[bytes], None], started: float

@@ -107,6 +107,11 @@ class Model:
                 return raw.same_result(method, proxied, direct)
             return proxied == direct
 
+        # The same call at once again on the same connection: answered, if the first was a
+        # hit answered at once, from that hit (proxy.handler.again); held to the same rule.
+        at_once = self.other is None or not self.wrote_through_other
+        if at_once and not same(self.via.call(request)):
+            self.mismatches.append(f"asked again: {method}({args})")
         if self.other is None:
             if not same(proxied):
                 self.mismatches.append(f"{method}({args})")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from proxy.cache.mirror import FIELD_OVERHEAD, HASH_OVERHEAD, VersionMirror
 
 V = "hmsc:1:{t:db.t}:v"
@@ -123,6 +125,41 @@ def test_every_stream_of_a_cluster_must_deliver() -> None:
     m.invalidated([(BEAT + "n2").encode()], 10.7)
     # node 1's newest beat back was sent at 10.0
     assert m.trusted(10.9) and not m.trusted(11.1)
+
+
+def test_its_standing_says_what_the_rule_says_whatever_the_streams_do() -> None:
+    # Hits answered again read trust off Standing.until (two attributes, no loop): it must
+    # agree with rule 1 as stated over the streams, after every change to them.
+    rng = random.Random(7)
+    m = VersionMirror(2, max_bytes=1 << 20, max_lag=1.0, fence_suffix=":f")
+    now, beats = 10.0, 0
+
+    def rule(at: float) -> bool:
+        streams = m._streams
+        return bool(streams) and all(
+            s.subscribed and s.confirmed_at is not None and at - s.confirmed_at <= m.max_lag
+            for s in streams
+        )
+
+    for _ in range(3000):
+        now += rng.random() * 0.3
+        streams = len(m._streams)
+        step = rng.random()
+        if step < 0.05:
+            m.reset(rng.randrange(0, 4))
+        elif step < 0.15 and streams:
+            m.subscribed(rng.randrange(streams))
+        elif step < 0.2 and streams:
+            m.lost(rng.randrange(streams))
+        elif step < 0.6 and streams:
+            beats += 1
+            m.expect(f"{BEAT}{beats}", rng.randrange(streams), now - rng.random())
+        elif m._beats:
+            key = rng.choice(sorted(m._beats))
+            m.invalidated([key.encode()], now)
+        for at in (now, now + 0.5, now + 1.0, now + 2.0):
+            assert m.trusted(at) == rule(at), (at, m._streams)
+            assert (m.standing.at(at) is not None) == rule(at)
 
 
 def test_memory_is_bounded_in_bytes() -> None:

@@ -1,0 +1,279 @@
+"""A connection's last call answered at once, asked again (proxy.handler.again): answered
+from the hit that answered it, without a look-up, while that hit holds, and never once
+anything it depends on changed. Through the real listener on a loopback port."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from proxy import idl
+from proxy.cache import locks
+from proxy.cache.keys import Bump, TableRef
+from proxy.cache.plan import Planner, Ttls
+from proxy.cache.ready import Ready
+from proxy.handler import CallHandler
+from proxy.server import ThriftServer
+from tests.rig.raw import seqid_of
+from tests.unit.inprocess import Rig, rig
+from tests.unit.test_cache_core import NAMING
+from tests.unit.test_server_shortcut import DB, Client, Counted, T, connect, get_table, listening
+
+
+class LookedUp:
+    """Counts the hits answered at once the looked-up way (not by the connection's Again)."""
+
+    def __init__(self, handler: CallHandler) -> None:
+        self.calls = 0
+        for name in ("serve_hit_now", "serve_repeat_now"):
+            original = getattr(handler, name)
+
+            def counted(*args: Any, _original: Callable[..., Any] = original) -> Any:
+                answered = _original(*args)
+                self.calls += isinstance(answered, Ready)
+                return answered
+
+            setattr(handler, name, counted)
+
+
+@contextlib.asynccontextmanager
+async def a_connection(
+    **values: Any,
+) -> AsyncIterator[tuple[Rig, Counted, LookedUp, Client]]:
+    async with listening(**values) as (r, counted, port):
+        r.hms.add_table(DB, T, v="1")
+        client = await connect(r, port)
+        try:
+            yield r, counted, LookedUp(r.handler), client
+        finally:
+            await client.close()
+
+
+def answer(r: Rig, seqid: int) -> bytes:
+    return r.hms.answer("get_table", seqid, dbname=DB, tbl_name=T)
+
+
+def the_ready(r: Rig) -> Ready:
+    assert r.cache is not None
+    readies = [i.ready for i in r.cache.l1._items.values() if i.ready is not None]
+    assert len(readies) == 1
+    return readies[0]
+
+
+@pytest.mark.parametrize("transport", ["buffered", "framed"])
+def test_a_call_asked_again_is_answered_from_its_last_hit_with_the_hms_bytes(
+    transport: str,
+) -> None:
+    async def run() -> None:
+        async with a_connection(client_transport=transport) as (r, counted, looked_up, client):
+            assert await client.call(get_table(1)) == answer(r, 1)  # the miss
+            assert await client.call(get_table(2)) == answer(r, 2)  # a hit, looked up
+            assert (counted.calls, looked_up.calls) == (1, 1)
+            for seqid in (3, 70_000, -5, 2**31 - 1):  # any seqid, each the caller's own
+                assert await client.call(get_table(seqid)) == answer(r, seqid)
+            assert (counted.calls, looked_up.calls) == (1, 1)  # answered again, 4 times
+            # Counted as every hit is.
+            assert r.requests("get_table", "ok") == 6
+            assert r.sample("hmsproxy_cache_lookups_total", method="get_table", result="hit") == 5
+            cached = {"method": "get_table", "source": "cache"}
+            assert r.sample("hmsproxy_request_duration_seconds_count", **cached) == 5
+            # Another call takes its place; the first asked again is looked up once more.
+            r.hms.add_table(DB, "u", v="1")
+            other = idl.encode_call("get_table", 9, dbname=DB, tbl_name="u")
+            await client.call(other)
+            await client.call(other)
+            assert await client.call(get_table(10)) == answer(r, 10)
+            assert looked_up.calls == 3
+
+    asyncio.run(run())
+
+
+def test_an_exception_reply_is_answered_again_as_it_was_cached() -> None:
+    async def run() -> None:
+        async with a_connection() as (r, counted, looked_up, client):
+            missing = {"dbname": DB, "tbl_name": "nope"}
+            for seqid in range(1, 6):
+                reply = await client.call(idl.encode_call("get_table", seqid, **missing))
+                assert reply == r.hms.answer("get_table", seqid, **missing)
+            assert (counted.calls, looked_up.calls) == (1, 1)
+            assert r.requests("get_table", "user_error") == 5
+            negative = {"method": "get_table", "result": "negative_hit"}
+            assert r.sample("hmsproxy_cache_lookups_total", **negative) == 4
+
+    asyncio.run(run())
+
+
+async def _bump(r: Rig) -> None:
+    assert r.cache is not None
+    r.hms.tables[(DB, T)].parameters["v"] = "2"  # (another proxy's write, say)
+    key = r.cache.naming.versions(TableRef.of(DB, T).tag)
+    await r.store.bump([Bump(key, "table", "table")])
+
+
+async def _lock(r: Rig) -> None:
+    assert r.cache is not None
+    key = r.cache.naming.versions(TableRef.of(DB, T).tag)
+    await r.store.mark([(key, locks.LOCK_PREFIX + "x:table")], time.time() + 60)
+
+
+async def _flush(r: Rig) -> None:
+    await r.store.flush()
+
+
+async def _evicted(r: Rig) -> None:
+    assert r.cache is not None
+    r.cache.l1.clear()  # its in-process copy gone (evicted, replaced: the same retirement)
+
+
+async def _expired(r: Rig) -> None:
+    the_ready(r).deadline = time.monotonic()
+
+
+async def _untrusted(r: Rig) -> None:
+    r.store.standing.until = -math.inf  # (a shared store's invalidation stream lagging)
+
+
+async def _pending(r: Rig) -> None:
+    assert r.cache is not None
+    invalidations = r.cache.invalidations
+    invalidations.pending.append((None, None))  # type: ignore[arg-type]
+
+    async def not_settled() -> bool:  # the store not taking it yet: the cache bypassed
+        return False
+
+    invalidations.settled = not_settled  # type: ignore[method-assign]
+
+
+CHANGES: dict[str, Callable[[Rig], Awaitable[None]]] = {
+    "a write": _bump,
+    "a lock": _lock,
+    "a flush": _flush,
+    "its copy evicted": _evicted,
+    "its entry expired": _expired,
+    "the versions in process untrusted": _untrusted,
+    "an invalidation pending": _pending,
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_nothing_is_answered_again_once_what_it_depends_on_changed(change: str) -> None:
+    async def run() -> None:
+        async with a_connection() as (r, counted, looked_up, client):
+            for seqid in (1, 2, 3):
+                await client.call(get_table(seqid))
+            assert (counted.calls, looked_up.calls) == (1, 1)  # the third answered again
+            hits = r.sample("hmsproxy_cache_lookups_total", method="get_table", result="hit")
+            await CHANGES[change](r)
+            assert await client.call(get_table(4)) == answer(r, 4)  # as the HMS has it now
+            # Not answered again: looked up (and judged again), or the ordinary way.
+            assert looked_up.calls + counted.calls == 3
+            if change == "a write":
+                assert b"2" in answer(r, 4) and counted.calls == 2
+            if change in ("a write", "a lock", "a flush", "an invalidation pending"):
+                assert counted.calls == 2  # the ordinary way (and not counted as a hit)
+                after = r.sample("hmsproxy_cache_lookups_total", method="get_table", result="hit")
+                assert after == hits
+
+    asyncio.run(run())
+
+
+def test_a_call_that_takes_another_way_ends_it() -> None:
+    # What the session's own way does may change what the connection is answered: set_ugi
+    # whose cache a per-user deployment reads, setMetaConf a connection to the metastore of
+    # its own, which reads no cache at all. Either ends what is answered again.
+    async def run() -> None:
+        async with a_connection() as (r, _, looked_up, client):
+            assert r.cache is not None
+            r.cache.planner = Planner(NAMING, Ttls(), per_user=True)
+            await client.call(idl.encode_call("set_ugi", 1, user_name="alice", group_names=[]))
+            for seqid in (2, 3, 4):
+                assert await client.call(get_table(seqid)) == answer(r, seqid)
+            assert looked_up.calls == 1  # the fourth was answered again
+            await client.call(idl.encode_call("set_ugi", 5, user_name="bob", group_names=[]))
+            assert await client.call(get_table(6)) == answer(r, 6)
+            assert looked_up.calls == 2  # looked up (this metastore kept alice: her entry)
+            conf = {"key": "hive.metastore.batch.retrieve.max", "value": "7"}
+            await client.call(idl.encode_call("setMetaConf", 7, **conf))
+            for seqid in (8, 9):
+                assert await client.call(get_table(seqid)) == answer(r, seqid)
+            assert r.hms.calls["get_table"] == 3  # pinned: each call at the metastore
+
+    asyncio.run(run())
+
+
+def test_calls_sent_together_are_not_answered_again() -> None:
+    # Two requests in one segment are not the one call it knows: the ordinary way, in order.
+    async def run() -> None:
+        async with a_connection() as (r, counted, looked_up, client):
+            for seqid in (1, 2, 3):
+                await client.call(get_table(seqid))
+            await client.send(get_table(4) + get_table(5))
+            assert [seqid_of(await client.reply()) for _ in range(2)] == [4, 5]
+            assert counted.calls == 3
+            assert await client.call(get_table(6)) == answer(r, 6)
+            assert looked_up.calls == 2  # looked up again after the ordinary way
+
+    asyncio.run(run())
+
+
+def test_a_stopping_server_answers_nothing_again() -> None:
+    async def run() -> None:
+        async with rig() as r:
+            server = ThriftServer(r.options, r.handler, r.metrics)
+            await server.start()
+            try:
+                r.hms.add_table(DB, T, v="1")
+                client = await connect(r, server.ports[0])
+                for seqid in (1, 2, 3):
+                    await client.call(get_table(seqid))
+                (session,) = server._sessions.values()
+                assert session.again is not None  # the third was answered again
+                await server.stop(5)
+                assert session.again is None
+                client.writer.write(get_table(4))
+                assert await asyncio.wait_for(client.reader.read(), 30) == b""  # closed
+                await client.close()
+            finally:
+                await server.stop(0)
+
+    asyncio.run(run())
+
+
+def test_what_a_connection_keeps_to_answer_again_goes_with_the_in_process_copy() -> None:
+    # An idle connection's Again must not keep a reply the in-process front let go of (the
+    # front's byte budget would no longer bound memory: one reply per connection more).
+    async def run() -> None:
+        async with rig() as r:
+            server = ThriftServer(r.options, r.handler, r.metrics)
+            await server.start()
+            try:
+                r.hms.add_table(DB, T, v="x" * 200_000)
+                client = await connect(r, server.ports[0])
+                for seqid in (1, 2, 3):
+                    await client.call(get_table(seqid))
+                (session,) = server._sessions.values()
+                again = session.again
+                assert again is not None
+                assert _bytes_held(again) > 200_000  # the reply, while its copy is kept
+                assert r.cache is not None
+                r.cache.l1.clear()
+                assert _bytes_held(again) < 1000
+                await client.close()
+            finally:
+                await server.stop(0)
+
+    asyncio.run(run())
+
+
+def _bytes_held(again: Any) -> int:
+    """What ``again`` and its Ready hold in bytes and views of bytes."""
+    ready = again.ready
+    values = [getattr(again, name) for name in type(again).__slots__]
+    values += [ready.reply, *(ready.answer or ())]
+    return sum(len(v) for v in values if isinstance(v, bytes | memoryview))
