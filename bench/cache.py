@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -47,17 +48,22 @@ def side_by_side(
 ) -> tuple[list[list[float]], int]:
     """Each connection's timings, taking turns call by call (so that the machine's moments
     fall on all alike); request ``i % len(requests)`` on run ``i``. ``fill``: ask each
-    request once before timing (the cache then holds its whole reply)."""
+    request once before timing (the cache then holds its whole reply).
+
+    The turns go through every order of the connections, so each follows each other as
+    often: what ran just before a call matters here (a metastore call leaves the CPU's
+    caches full of the JVM's memory, and whatever comes next pays for it), and rotating one
+    order (direct, proxy, floor) put the proxy after the metastore twice as often as the
+    floor."""
     length = conns[0].reply_length(requests[0])
     for conn in conns[1:] if fill else ():
         for request in requests:
             assert conn.reply_length(request) == length
     times: list[list[float]] = [[] for _ in conns]
+    orders = list(itertools.permutations(range(len(conns))))
     for i in range(runs):
         request = requests[i % len(requests)]
-        order = list(range(len(conns)))
-        order = order[i % len(order) :] + order[: i % len(order)]
-        for k in order:
+        for k in orders[i % len(orders)]:
             times[k].append(conns[k].timed(request, length))
     return times, length
 

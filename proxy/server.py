@@ -49,6 +49,13 @@ class ClientConnection:
     def __init__(self, writer: ByteWriter, transport: Transport) -> None:
         self.writer = writer
         self.transport = transport
+        # uvloop's TCP transport keeps a reference to what it is given until it is sent (no
+        # copy, and nothing moved on each partial send): a message goes to it whole, in one
+        # system call if the socket takes it. asyncio's own (and TLS, and SASL's wrapping)
+        # copy or move their buffer: a big message goes to them in slices.
+        raw = getattr(writer, "transport", None)
+        uvloop_tcp = type(raw).__name__ == "TCPTransport" and type(raw).__module__ == "uvloop.loop"
+        self.whole: asyncio.WriteTransport | None = raw if uvloop_tcp else None
 
     async def send(self, data: bytes) -> None:
         self._write(data)
@@ -70,6 +77,15 @@ class ClientConnection:
             head = self.transport.prefix(len(head) + len(rest)) + head
         if len(rest) <= SMALL_MESSAGE:  # one write, one system call
             self._write(head + rest)
+            await writer.drain()
+            return
+        if self.whole is not None:
+            if writer.is_closing():
+                raise ConnectionResetError("the client connection is closed")
+            try:
+                self.whole.writelines((head, rest))
+            except RuntimeError as exc:  # (see guarded_write)
+                raise ConnectionResetError(f"the connection is closed: {exc}") from exc
             await writer.drain()
             return
         self._write(head)
