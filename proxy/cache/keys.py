@@ -208,7 +208,12 @@ class Naming:
         return f"{self.prefix}{{{tag}}}:e:{method}:{_digest(*parts, size=16)}"
 
     def partition_entry(self, tag: str, variant: str, values: Sequence[str]) -> str:
-        return f"{self.prefix}{{{tag}}}:p:{variant}:{partition_field(values)[2:]}"
+        return self.partition_entries(tag, variant) + partition_field(values)[2:]
+
+    def partition_entries(self, tag: str, variant: str) -> str:
+        """What every partition entry of ``tag`` and ``variant`` starts with; the rest is
+        its version field without the ``p:``."""
+        return f"{self.prefix}{{{tag}}}:p:{variant}:"
 
     def dictionary(self, tag: str, dict_id: str) -> str:
         return f"{self.prefix}{{{tag}}}:z:{dict_id}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -54,6 +55,20 @@ class L1:
             return None
         self._items.move_to_end(key)
         return item
+
+    def entries(self, keys: Iterable[str]) -> dict[str, Entry]:
+        """:meth:`get` of each of ``keys``: those held, by key (one clock read for all)."""
+        items, now, out = self._items, time.monotonic(), {}
+        for key in keys:
+            item = items.get(key)
+            if item is None:
+                continue
+            if item.expires_at <= now:
+                self.pop(key)
+                continue
+            items.move_to_end(key)
+            out[key] = item.entry
+        return out
 
     def touch(self, key: str) -> None:
         """A hit on ``key`` answered without :meth:`item`: kept in LRU order."""

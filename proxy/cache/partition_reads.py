@@ -170,7 +170,7 @@ class PartitionReads:
             if whole.hit:
                 self.store.used_local_versions()
                 return PartitionLookup(whole.result, versions=known[key], whole=whole)
-        fronts = {k: e for k in entry_keys if l1 is not None and (e := l1.get(k)) is not None}
+        fronts = l1.entries(entry_keys) if l1 is not None else {}
         found: Found
         if known is not None and len(fronts) == len(entry_keys):
             # Every partition and every version in process: judged without a round trip (a

@@ -124,7 +124,9 @@ class ReadPlan:
 
     def approx_size(self) -> int:
         """Bytes this plan keeps alive, roughly (for the plan memo's budget)."""
-        size = 400 + len(self.key) + sum(len(r.key) + len(r.field) + 150 for r in self.refs)
+        size = 400 + len(self.key) + 150 * len(self.refs)
+        for key, fields in self.grouped.items():  # (refs by hash: a few; fields: hundreds)
+            size += len(key) * len(fields) + sum(map(len, fields))
         if self.table is not None:
             size += len(self.table.db) + len(self.table.table) + 100
         pp = self.partitions
@@ -290,11 +292,14 @@ class Planner:
                     depend(table.tag, "table")
                 if scope & Scope.PARTITION_SET:
                     depend(table.tag, "partset")
+                fields: dict[tuple[str, ...], str] = {}
                 if scope & Scope.PARTITIONS:
                     if target.partitions and parts is not None:
                         depend(table.tag, "pgen")
-                        for values in parts:
-                            depend(table.tag, partition_field(values))
+                        # Each partition's field, worked out once (a request names 100s).
+                        fields = {values: partition_field(values) for values in parts}
+                        key = self.naming.versions(table.tag)
+                        refs.extend(VersionRef(key, f) for f in fields.values())
                     else:  # the partitions as a whole (or names we cannot read: same thing)
                         depend(table.tag, "parts")
                         depend(table.tag, "partset")
@@ -306,8 +311,10 @@ class Planner:
                     # capabilities, from the table's type and parameters: the reply depends on
                     # the table object too, and no partition's bytes stand on their own.
                     depend(table.tag, "table")
-                if spec.per_partition and parts and not transformed:
-                    partition_plan = self._partition_plan(spec, args, args_bytes, table, who)
+                if spec.per_partition and parts and fields and not transformed:
+                    partition_plan = self._partition_plan(
+                        spec, args, args_bytes, table, who, fields
+                    )
             elif target.tables:
                 names = catalog.resolve(target.tables, args)
                 tables = [n for item in names for n in (item if isinstance(item, list) else [item])]
@@ -340,8 +347,15 @@ class Planner:
         )
 
     def _partition_plan(
-        self, spec: MethodSpec, args: Any, args_bytes: bytes, table: TableRef, who: bytes
+        self,
+        spec: MethodSpec,
+        args: Any,
+        args_bytes: bytes,
+        table: TableRef,
+        who: bytes,
+        fields: dict[tuple[str, ...], str],
     ) -> PartitionPlan | None:
+        """``fields``: each requested partition's version field, by its values."""
         from proxy.cache import partitions as parts  # the byte-level half of the plan
 
         ref = next(r for r in spec.targets[0].partitions if r.startswith("names:"))
@@ -363,6 +377,8 @@ class Planner:
             return None
         tag = table.tag
         variant = digest(spec.name, other, who)
+        ordered = tuple(fields[v] for v in values)
+        entry = self.naming.partition_entries(tag, variant)
         return PartitionPlan(
             table=table,
             tag=tag,
@@ -370,8 +386,8 @@ class Planner:
             values=values,
             variant=variant,
             names_path=names_path,
-            fields=tuple(partition_field(v) for v in values),
-            entry_keys=tuple(self.naming.partition_entry(tag, variant, v) for v in values),
+            fields=ordered,
+            entry_keys=tuple(entry + f[2:] for f in ordered),
         )
 
     # -- writes ----------------------------------------------------------------------------

@@ -45,8 +45,16 @@ def skip_value(buf: bytes, pos: int, ttype: int, depth: int = 0) -> int:
         etype = buf[pos]
         (count,) = _I32.unpack_from(buf, pos + 1)
         end = pos + 5
-        for _ in range(count):
-            end = skip_value(buf, end, etype, depth + 1)
+        if etype == TType.STRING:  # (names of partitions, hundreds of them: no call each)
+            unpack = _I32.unpack_from
+            for _ in range(count):
+                (size,) = unpack(buf, end)
+                if size < 0:
+                    raise ProtocolError("negative string length")
+                end += 4 + size
+        else:
+            for _ in range(count):
+                end = skip_value(buf, end, etype, depth + 1)
     elif ttype == TType.MAP:
         ktype, vtype = buf[pos], buf[pos + 1]
         (count,) = _I32.unpack_from(buf, pos + 2)
