@@ -331,8 +331,8 @@ class Planner:
             depend(CATALOG_TAG, "privileges")
         if partition_plan is not None:
             key = self.naming.versions(partition_plan.tag)
-            fields = (EPOCH, "pgen", "partset", *partition_plan.fields)
-            grouped = group([*refs, *(VersionRef(key, f) for f in fields)])
+            read = (EPOCH, "pgen", "partset", *partition_plan.fields)
+            grouped = group([*refs, *(VersionRef(key, f) for f in read)])
             wanted = tuple((k, tuple(fs)) for k, fs in grouped.items())
             partition_plan = replace(partition_plan, wanted=wanted)
         return ReadPlan(
