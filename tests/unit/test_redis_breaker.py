@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from proxy.cache.redis_store import TIMEOUTS_TO_OPEN, RedisStore, redis_failure
+from proxy.cache.redis_link import TIMEOUTS_TO_OPEN, redis_failure
+from proxy.cache.redis_store import RedisStore
 from proxy.cache.store import CacheUnavailable
 from proxy.metrics import Metrics
 from proxy.retry import Backoff, Breaker
