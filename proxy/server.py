@@ -51,9 +51,10 @@ class ClientConnection:
         self.transport = transport
         # uvloop's TCP transport keeps a reference to what it is given until it is sent (no
         # copy, and nothing moved on each partial send): a message goes to it whole, in one
-        # system call if the socket takes it. asyncio's own (and TLS, and SASL's wrapping)
-        # copy or move their buffer: a big message goes to them in slices.
-        raw = getattr(writer, "transport", None)
+        # system call if the socket takes it. asyncio's own (and TLS) copy or move their
+        # buffer: a big message goes to them in slices. Only a plain stream's writer: a SASL
+        # session's frames and wraps what it writes (its raw transport is uvloop's too).
+        raw = writer.transport if type(writer) is asyncio.StreamWriter else None
         uvloop_tcp = type(raw).__name__ == "TCPTransport" and type(raw).__module__ == "uvloop.loop"
         self.whole: asyncio.WriteTransport | None = raw if uvloop_tcp else None
 

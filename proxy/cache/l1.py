@@ -70,6 +70,16 @@ class L1:
             out[key] = item.entry
         return out
 
+    def charge(self, item: Item, size: int) -> None:
+        """``item`` keeps ``size`` bytes more (what its hits prepared): counted against the
+        budget like the rest, older items going if it is exceeded."""
+        item.size += size
+        self.bytes += size
+        while self.bytes > self.max_bytes and len(self._items) > 1:
+            _, old = self._items.popitem(last=False)
+            self.bytes -= old.size
+            old.retire()
+
     def touch(self, key: str) -> None:
         """A hit on ``key`` answered without :meth:`item`: kept in LRU order."""
         if key in self._items:

@@ -296,10 +296,12 @@ class Planner:
                 if scope & Scope.PARTITIONS:
                     if target.partitions and parts is not None:
                         depend(table.tag, "pgen")
-                        # Each partition's field, worked out once (a request names 100s).
+                        # Each partition's field, worked out once (a request names 100s);
+                        # a ref for each name as asked (the refs, and so the fingerprints of
+                        # entries stored by other versions of this proxy, as they were).
                         fields = {values: partition_field(values) for values in parts}
                         key = self.naming.versions(table.tag)
-                        refs.extend(VersionRef(key, f) for f in fields.values())
+                        refs.extend(VersionRef(key, fields[values]) for values in parts)
                     else:  # the partitions as a whole (or names we cannot read: same thing)
                         depend(table.tag, "parts")
                         depend(table.tag, "partset")

@@ -33,7 +33,7 @@ from proxy.cache.entry import Payload
 from proxy.cache.keys import EPOCH, TableRef
 from proxy.cache.l1 import L1
 from proxy.cache.plan import ReadPlan
-from proxy.cache.ready import Ready
+from proxy.cache.ready import READY_BYTES, Ready
 from proxy.cache.store import CacheUnavailable, Found, Store
 from proxy.metrics import Metrics, method_label
 from proxy.wire.framing import Message
@@ -237,8 +237,9 @@ class WholeReads:
         look-up of ``table``: a hit, or a negative one if ``negative_seen_as_hit``), for
         ``plan``'s entry in the decoded front; ``None``: not one to serve at once (nothing
         counted)."""
-        item = self.l1.item(plan.key) if self.l1 is not None else None
-        if item is None or item.entry.iceberg or self.pending.pending:
+        l1 = self.l1
+        item = l1.item(plan.key) if l1 is not None else None
+        if l1 is None or item is None or item.entry.iceberg or self.pending.pending:
             return None
         generation = self.store.generation()
         if generation is None:
@@ -250,6 +251,7 @@ class WholeReads:
             deadline = min(expires, item.expires_at)
             label = method_label(plan.method)
             ready = item.ready = Ready(plan.key, item.entry.payload, label, deadline, table)
+            l1.charge(item, READY_BYTES)
         if ready.generation != generation:
             versions = self.store.local(plan.grouped)
             if versions is None:

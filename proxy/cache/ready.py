@@ -20,6 +20,13 @@ from proxy.loop_metrics import Count
 
 # A generation no store has: never judged, or retired.
 UNJUDGED = -1
+# What a Ready and the answer prepared from it keep in memory (the object, its deadline, a
+# copy of the reply's header, a view of the rest and its buffer, the tuple), charged to its
+# in-process copy's size: ~580 bytes by tracemalloc (tests/unit/test_memo.py holds the
+# charge to what is measured).
+READY_BYTES = 700
+# Its look-ups' counter until it is first judged (then the result's own).
+_NOT_COUNTED = Count()
 
 
 class Ready:
@@ -53,7 +60,7 @@ class Ready:
         self.table = table  # counted as looked up on the status page (None: not counted)
         self.seen_hit = True  # counted there as a hit
         self.generation = UNJUDGED  # the store's generation it was last judged a hit under
-        self.lookups = Count()  # hmsproxy_cache_lookups{method, result}, once judged
+        self.lookups = _NOT_COUNTED  # hmsproxy_cache_lookups{method, result}, once judged
         # The reply's parts as the handler prepares them once (proxy.handler.again): the
         # header up to its seqid, the rest after it, the outcome label. None once retired.
         self.answer: tuple[bytes, Payload, str] | None = None

@@ -46,8 +46,10 @@ def skip_value(buf: bytes, pos: int, ttype: int, depth: int = 0) -> int:
         (count,) = _I32.unpack_from(buf, pos + 1)
         end = pos + 5
         if etype == TType.STRING:  # (names of partitions, hundreds of them: no call each)
-            unpack = _I32.unpack_from
+            unpack, limit = _I32.unpack_from, len(buf)
             for _ in range(count):
+                if end + 4 > limit:
+                    raise ProtocolError("value runs past the end of the buffer")
                 (size,) = unpack(buf, end)
                 if size < 0:
                     raise ProtocolError("negative string length")

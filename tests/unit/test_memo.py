@@ -208,3 +208,50 @@ def test_every_memo_is_on_metrics_with_the_bytes_it_counts() -> None:
         assert after["hmsproxy_memo_bytes", "set_ugi_replies"] > 0
 
     asyncio.run(run())
+
+
+def test_hits_answered_at_once_charge_what_they_keep_to_the_in_process_copy() -> None:
+    # A hit answered at once keeps its judgement and its prepared reply with the entry's
+    # in-process copy (proxy.cache.ready): counted in the front's bytes, or a client naming
+    # many small tables could make the front hold several times its budget.
+    import gc
+    import tracemalloc
+
+    from proxy.handler import SessionState
+    from proxy.wire.framing import Transport, whole_message
+    from tests.unit.inprocess import rig
+
+    async def run() -> None:
+        async with rig() as r:
+            assert r.cache is not None
+            shared = SessionState("shared")
+            calls = []
+            for i in range(1000):  # negative entries: a small reply each
+                await r.call(shared, "get_table", 1, dbname="db", tbl_name=f"missing_{i:05d}")
+                data = idl.encode_call("get_table", 2, dbname="db", tbl_name=f"missing_{i:05d}")
+                found = whole_message(data, Transport.BUFFERED, 1 << 20)
+                assert found is not None
+                calls.append(found)
+            for m in calls:  # plans made; the hits that follow only judge and prepare
+                r.cache.plan_read(catalog.lookup("get_table"), m, None)  # type: ignore[arg-type]
+            counted = r.cache.l1.bytes
+            gc.collect()
+            tracemalloc.start()
+            before = tracemalloc.take_snapshot()
+            for m in calls:
+                assert r.handler.serve_hit_now(shared, m, lambda reply: None)
+            gc.collect()
+            after = tracemalloc.take_snapshot()
+            tracemalloc.stop()
+            # (Fingerprints of the versions judged are a memo of their own, on /metrics.)
+            memo = ("proxy/cache/decide.py", "proxy/cache/entry.py")
+            kept = sum(
+                d.size_diff
+                for d in after.compare_to(before, "filename")
+                if not d.traceback[0].filename.endswith(memo)
+            )
+            charged = r.cache.l1.bytes - counted
+            assert len(r.cache.l1) == 1000  # (nothing evicted: a 2 MiB front here)
+            assert 0 < kept <= charged, (kept / 1000, charged / 1000)
+
+    asyncio.run(run())
