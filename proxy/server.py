@@ -407,7 +407,7 @@ class _Session:
         ready: Ready | bool | None = False
         if repeat is not None:
             ready = handler.serve_repeat_now(self.state, *repeat, self._write_now)
-        if ready is False:  # not known by its bytes
+        if ready is False:  # not known by its bytes (None: known, and not answered at once)
             message = whole_message(data, transport, self.options.max_request_bytes)
             if message is None:
                 return False
@@ -415,7 +415,7 @@ class _Session:
             ready = handler.serve_hit_now(self.state, message, self._write_now, known)
         if not isinstance(ready, Ready):
             self.again = None
-            return False
+            return ready is True  # (True: assembled from partitions, nothing to keep)
         self.again = handler.again(ready, data, transport)
         return True
 

@@ -166,7 +166,15 @@ class CacheEngine:
             return None  # not remembered: garbage is rarely repeated, and costs a scan only
         plan = self.planner.read(spec, args, message.body, identity)
         self._plans.put(memo, plan, plan.approx_size() if plan is not None else 0)
+        if plan is not None and plan.partitions is not None:
+            self.partitions.variants.learn(
+                spec.name, message.body, self._who(identity), plan.partitions
+            )
         return plan
+
+    def _who(self, identity: bytes | None) -> bytes:
+        """The user as the planner takes it (see Planner.read)."""
+        return (identity or b"anonymous") if self.planner.per_user else b""
 
     def plan_write(self, spec: MethodSpec, message: Message) -> WritePlan:
         """What a write invalidates. Arguments are decoded only where they name something (a
@@ -219,6 +227,19 @@ class CacheEngine:
             self._repeats.put((who, repeat), plan, size)
         return self.hit_by_plan(plan, largest)
 
+    def assembled_now(
+        self, spec: MethodSpec, message: Message, identity: bytes | None, largest: int
+    ) -> bytes | None:
+        """The reply (at most ``largest`` bytes, with the caller's seqid) to a
+        ``get_partitions_by_names`` never planned, if every partition it names is in process
+        and judged current (see :mod:`.assembled`); ``None``: take :meth:`hit_now` (nothing
+        was counted)."""
+        if not spec.per_partition or not self.partitions.assemble:
+            return None
+        return self.partitions.assembled_now(
+            spec.name, message.body, self._who(identity), message.header.seqid, largest
+        )
+
     def repeated_hit(
         self, repeat: bytes, identity: bytes | None, largest: int
     ) -> tuple[bool, Ready | None]:
@@ -242,7 +263,12 @@ class CacheEngine:
         """What the engine keeps in process, by name, for /metrics (hmsproxy_memo_bytes)."""
         return {
             "cache": lambda: self.footprint()[:2],
-            "plans": footprint_of(self._plans, self._repeats, self.partitions.assembled_once),
+            "plans": footprint_of(
+                self._plans,
+                self._repeats,
+                self.partitions.assembled_once,
+                self.partitions.variants.memo,
+            ),
             "dictionaries": self.dictionaries.footprint(),
             "lock_fences": self.locks.footprint(),
             "fingerprints": fingerprints_footprint,

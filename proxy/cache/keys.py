@@ -195,6 +195,26 @@ def _parse(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 _remembered_parse = functools.lru_cache(maxsize=MEMO_NAMES)(_parse)  # errors are not kept
 
 
+def partition_of_name(raw: bytes) -> tuple[tuple[str, ...], str] | None:
+    """A partition name as a request's bytes carry it -> (its values, its version field),
+    as :func:`parse_partition_name` and :func:`partition_field` make them; ``None`` for a
+    name that is not UTF-8 or does not parse. One look-up for a name seen before."""
+    if len(raw) <= MEMO_LONGEST:
+        return _remembered_partition(raw)
+    return _partition_of(raw)
+
+
+def _partition_of(raw: bytes) -> tuple[tuple[str, ...], str] | None:
+    try:
+        values = parse_partition_name(raw.decode("utf-8"))[1]
+    except (UnicodeDecodeError, PartitionNameError):
+        return None
+    return values, partition_field(values)
+
+
+_remembered_partition = functools.lru_cache(maxsize=MEMO_NAMES)(_partition_of)
+
+
 @dataclass(frozen=True, slots=True)
 class Naming:
     """Key names under one prefix (several proxies' deployments can share one Redis)."""

@@ -29,8 +29,12 @@ class Item:
     size: int
     # Its hits' judgement (see WholeReads.judged_now): retired when the item goes.
     ready: Ready | None = None
+    # A partition's copy: the store's version generation under which it was last judged
+    # current (see PartitionReads.lookup and .assembled); -1: not since it was kept.
+    current_under: int = -1
 
     def retire(self) -> None:
+        self.current_under = -1
         if self.ready is not None:
             self.ready.retire()
 
@@ -56,8 +60,8 @@ class L1:
         self._items.move_to_end(key)
         return item
 
-    def entries(self, keys: Iterable[str]) -> dict[str, Entry]:
-        """:meth:`get` of each of ``keys``: those held, by key (one clock read for all)."""
+    def items_of(self, keys: Iterable[str]) -> dict[str, Item]:
+        """:meth:`item` of each of ``keys``: those held, by key (one clock read for all)."""
         items, now, out = self._items, time.monotonic(), {}
         for key in keys:
             item = items.get(key)
@@ -67,8 +71,22 @@ class L1:
                 self.pop(key)
                 continue
             items.move_to_end(key)
-            out[key] = item.entry
+            out[key] = item
         return out
+
+    def judged(self, key: str, generation: int, now: float, wall: float) -> Entry | None:
+        """The entry of ``key``, if it is held, unexpired (``now`` monotonic, ``wall`` Unix
+        time) and was judged current under ``generation`` (``Item.current_under``)."""
+        item = self._items.get(key)
+        if (
+            item is None
+            or item.current_under != generation
+            or item.expires_at <= now
+            or item.entry.expires_at <= wall
+        ):
+            return None
+        self._items.move_to_end(key)
+        return item.entry
 
     def charge(self, item: Item, size: int) -> None:
         """``item`` keeps ``size`` bytes more (what its hits prepared): counted against the
@@ -85,12 +103,14 @@ class L1:
         if key in self._items:
             self._items.move_to_end(key)
 
-    def put(self, key: str, entry: Entry, ttl: float) -> None:
+    def put(self, key: str, entry: Entry, ttl: float, *, current_under: int = -1) -> None:
+        """Keep ``entry``; ``current_under``: a partition's, the generation under which it
+        is known current (see Item.current_under)."""
         size = len(key) + len(entry.payload) + OVERHEAD_BYTES
         if size > self.max_bytes // 4 or ttl <= 0:
             return  # one entry never pushes out most of the others
         self.pop(key)
-        self._items[key] = Item(entry, time.monotonic() + ttl, size)
+        self._items[key] = Item(entry, time.monotonic() + ttl, size, current_under=current_under)
         self.bytes += size
         while self.bytes > self.max_bytes:
             _, old = self._items.popitem(last=False)

@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from proxy.cache import assembled
 from proxy.cache import entry as codec
 from proxy.cache import partitions as parts
 from proxy.cache.decide import (
@@ -62,6 +63,9 @@ class PartitionLookup:
     whole: Verdict | None = None  # the request's whole-reply entry, judged (None: bypass)
     expires_at: float = float("inf")  # the soonest expiry of the partitions found current
     absent: bool = False  # one of them is a partition the metastore does not have
+    # The store's generation read before the versions (None: not trusted): what the
+    # partitions judged current, or filled under these versions, are current under.
+    generation: int | None = None
 
 
 class PartitionReads:
@@ -91,6 +95,8 @@ class PartitionReads:
         # Requests assembled once: the second time one is, it is kept whole (_keep_whole),
         # so that requests asked once do not crowd the partitions out of the front.
         self.assembled_once: BoundedMemo[str, None] = BoundedMemo(ONCE_ENTRIES, ONCE_BYTES)
+        # Requests' arguments but the names, as planned: for assembling unplanned requests.
+        self.variants = assembled.Variants(naming)
 
     async def read(self, plan: ReadPlan, call: ReadCall) -> Served:
         pp = plan.partitions
@@ -138,10 +144,50 @@ class PartitionReads:
             # Unexpected shape for a subset: let the HMS answer the whole request instead.
             return Served(await call.forward(None, None), "upstream")
         if versions is not None:
-            await self.fill(plan, versions, missing, got)
+            # (Versions made now, an epoch, moved the generation: the stamp then says
+            # nothing, as it should.)
+            await self.fill(plan, versions, missing, got, current_under=look.generation)
         if whole:
             return Served(await call.send(reply.data), "upstream")
         return Served(await call.send(self._assembled(plan, seqid, {**known, **got})), "upstream")
+
+    def assembled_now(
+        self, method: str, args: bytes, who: bytes, seqid: int, largest: int
+    ) -> bytes | None:
+        """The reply to a request never planned, if it can be assembled at once from
+        partitions judged current under the generation that stands (see :mod:`.assembled`;
+        counted as :meth:`read` counts an assembled hit); ``None``: plan it (nothing was
+        counted). ``who``: the user as the planner takes it."""
+        l1 = self.l1
+        if not self.assemble or l1 is None or self.pending.pending:
+            return None
+        generation = self.store.generation()
+        if generation is None:
+            return None
+        known = self.variants.of(method, args, who)
+        if known is None:
+            return None
+        variant, names = known
+        now, wall = time.monotonic(), time.time()
+        found = assembled.gather(variant, names, lambda key: l1.judged(key, generation, now, wall))
+        if not found:
+            return None
+        key = self.naming.entry(variant.tag, method, args, who)  # the request's, as planned
+        if key in self.assembled_once:
+            return None  # asked before: the planned way keeps it whole now (_keep_whole)
+        present = [(n, e.payload) for n, e in found if not e.absent]
+        reply = assembled.reply_of(method, seqid, present)
+        if len(reply) > largest:
+            return None
+        self.assembled_once.put(key, None, len(key))
+        self.store.used_local_versions()
+        label = method_label(method)
+        self.metrics.cache_lookups.labels(label, Result.HIT.value).inc()
+        if self.seen is not None:
+            self.seen.looked_up(variant.table, True)
+        self.metrics.cache_partitions.labels("hit").inc(len(found))
+        self.metrics.cache_partitions.labels("miss").inc(0)
+        return reply
 
     def hit_now(self, plan: ReadPlan, largest: int) -> Ready | None:
         """The repeated request's whole reply, if it is a hit that needs no await (as
@@ -158,6 +204,9 @@ class PartitionReads:
         assert pp is not None
         if not self.assemble or (self.pending.pending and not await self.pending.settled()):
             return PartitionLookup(Result.BYPASS)
+        # Read before the versions: a partition judged current is so under this generation
+        # at least (a change since moves it), which the assembled path reads (.assembled).
+        generation = self.store.generation()
         key = self.naming.versions(pp.tag)
         wanted = pp.wanted_fields
         entry_keys = pp.entry_keys
@@ -170,7 +219,7 @@ class PartitionReads:
             if whole.hit:
                 self.store.used_local_versions()
                 return PartitionLookup(whole.result, versions=known[key], whole=whole)
-        fronts = l1.entries(entry_keys) if l1 is not None else {}
+        fronts = l1.items_of(entry_keys) if l1 is not None else {}
         found: Found
         if known is not None and len(fronts) == len(entry_keys):
             # Every partition and every version in process: judged without a round trip (a
@@ -192,7 +241,7 @@ class PartitionReads:
         current = dict(versions[key])
         if fenced_fields(wanted, versions):
             return PartitionLookup(Result.BYPASS)
-        out = PartitionLookup(Result.MISS, versions=current)
+        out = PartitionLookup(Result.MISS, versions=current, generation=generation)
         out.whole = await self._judge_whole(plan, versions, whole_front, found.get(plan.key))
         if out.whole.hit:
             out.result = out.whole.result
@@ -204,7 +253,8 @@ class PartitionReads:
         )
         now = time.time()
         for values, ekey, version_field in zip(pp.values, entry_keys, pp.fields, strict=True):
-            entry = fronts.get(ekey)
+            item = fronts.get(ekey)
+            entry = item.entry if item is not None else None
             from_store = entry is None
             if entry is None:
                 value = found.get(ekey)
@@ -217,11 +267,14 @@ class PartitionReads:
             current_entry, payload = judge_partition(entry, current, version_field, now)
             if not current_entry:
                 continue
+            if item is not None and generation is not None:
+                item.current_under = generation
             out.known[values] = payload
             out.expires_at = min(out.expires_at, entry.expires_at)
             out.absent = out.absent or payload is None
             if from_store and l1 is not None:
-                l1.put(ekey, entry, entry.ttl)
+                stamp = generation if generation is not None else -1
+                l1.put(ekey, entry, entry.ttl, current_under=stamp)
         if len(out.known) == len(pp.values):
             out.result = Result.HIT
         return out
@@ -291,8 +344,12 @@ class PartitionReads:
         versions: dict[str, bytes | None],
         asked: Sequence[Values],
         got: dict[Values, bytes],
+        *,
+        current_under: int | None = None,
     ) -> None:
-        """Store what the HMS returned for ``asked``, and remember the rest as absent."""
+        """Store what the HMS returned for ``asked``, and remember the rest as absent;
+        ``current_under``: the generation read before ``versions`` were (see
+        :class:`PartitionLookup`), under which the in-process copies are current."""
         pp = plan.partitions
         assert pp is not None
         compress = self.store.compress
@@ -316,7 +373,8 @@ class PartitionReads:
                 value = codec.encode(fp, codec.ABSENT, b"", plan.ttl, compress=False)
             items.append((ekey, value, plan.ttl))
             if self.l1 is not None:
-                self.l1.put(ekey, entry, plan.ttl)
+                stamp = current_under if current_under is not None else -1
+                self.l1.put(ekey, entry, plan.ttl, current_under=stamp)
         if dictionary is not None:
             dkey = self.naming.dictionary(pp.tag, dictionary[0].hex())
             items.append((dkey, dictionary[1], self.dictionary_ttl))

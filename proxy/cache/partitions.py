@@ -59,6 +59,12 @@ def _locate(buf: bytes, start: int, path: tuple[int, ...]) -> tuple[int, int, in
     return _locate(buf, span.value, path[1:])
 
 
+def locate(args: bytes, path: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(start, value, end) of the field at ``path`` in the arguments; ``None``: absent.
+    Raises ProtocolError (or struct.error, IndexError) on bytes that are not a struct."""
+    return _locate(args, 0, path)
+
+
 def without_field(args: bytes, path: tuple[int, ...]) -> bytes | None:
     """The argument bytes with one field cut out (what else shapes the reply)."""
     try:

@@ -208,8 +208,8 @@ class MemoryStore:
     def used_local_versions(self) -> None:
         pass  # every look-up here is in process: nothing to tell apart
 
-    def generation(self) -> int:
-        return self.standing.generation
+    def generation(self) -> int | None:
+        return self.standing.at(time.monotonic())  # (always trusted: everything is here)
 
     def _current(self, versions: Mapping[str, Sequence[str]]) -> Versions:
         got: Versions = {}

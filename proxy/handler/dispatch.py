@@ -17,6 +17,7 @@ import logging
 import struct
 import time
 from collections.abc import Callable
+from typing import Literal
 
 from proxy import catalog, idl
 from proxy.cache import locks
@@ -118,10 +119,11 @@ class CallHandler:
         message: Message,
         write: Callable[[bytes], None],
         repeat: bytes | None = None,
-    ) -> Ready | None:
+    ) -> Ready | Literal[True] | None:
         """Answer a call that is a cache hit needing no await (see
         :meth:`CacheEngine.hit_now`) through ``write``, at once: no task, no coroutine, the
-        same reply, metrics and outcome as :meth:`handle` gives it; the hit it answered.
+        same reply, metrics and outcome as :meth:`handle` gives it; the hit it answered
+        (``True``: a reply assembled from partitions, nothing to answer again from).
         ``None``: nothing was written or counted; the call takes :meth:`handle`. ``write``
         raises ConnectionError when the client is gone (then ClientGone, counted as
         :meth:`handle` counts it). ``repeat``: the call's bytes but for its seqid, by which
@@ -134,34 +136,40 @@ class CallHandler:
         if spec is None or spec.kind is not Kind.CACHEABLE_READ:
             return None
         started = time.perf_counter()
+        identity = session.cache_identity
         try:
-            ready = cache.hit_now(
-                spec, message, session.cache_identity, IMMEDIATE_REPLY_BYTES, repeat
-            )
+            # A request for partitions never asked in this combination: assembled from
+            # partitions judged before, without planning it (see proxy.cache.assembled).
+            assembled = cache.assembled_now(spec, message, identity, IMMEDIATE_REPLY_BYTES)
+            if assembled is None:
+                ready = cache.hit_now(spec, message, identity, IMMEDIATE_REPLY_BYTES, repeat)
         except Exception:  # the ordinary way answers it (and reports what went wrong)
             log.debug("%s: no immediate answer to %s", session.peer, header.name, exc_info=True)
             return None
+        if assembled is not None:
+            self._written(header.name, assembled, "ok", write, started)
+            return True
         return self._answer_now(header.seqid, ready, write, started)
 
     def serve_repeat_now(
         self, session: SessionState, repeat: bytes, seqid: int, write: Callable[[bytes], None]
-    ) -> Ready | bool:
+    ) -> Ready | Literal[False] | None:
         """:meth:`serve_hit_now` for a call known by its bytes but for the seqid (``repeat``,
-        see ``binary.call_without_seqid``), without the message: ``False`` if they are not
-        known (then ask :meth:`serve_hit_now`), ``True`` if it is known and not a hit to
-        answer at once."""
+        see ``binary.call_without_seqid``), without the message: the hit it answered;
+        ``None`` if it is known and not a hit to answer at once; ``False`` if the bytes are
+        not known (then ask :meth:`serve_hit_now`)."""
         cache = self.cache
         if cache is None or session.pinned is not None:
-            return True
+            return None
         started = time.perf_counter()
         try:
             known, ready = cache.repeated_hit(repeat, session.cache_identity, IMMEDIATE_REPLY_BYTES)
         except Exception:
             log.debug("%s: no immediate answer to a repeated call", session.peer, exc_info=True)
-            return True
+            return None
         if not known:
             return False
-        return self._answer_now(seqid, ready, write, started) or True
+        return self._answer_now(seqid, ready, write, started)
 
     def again(self, ready: Ready, request: bytes, transport: Transport) -> Again | None:
         """What answers ``request`` again on its connection (its bytes but for the seqid the
@@ -183,16 +191,27 @@ class CallHandler:
             except Exception:
                 log.debug("no immediate answer to %s", ready.method, exc_info=True)
                 return None
-        try:
-            outcome = again.answer(ready, _I32.pack(seqid), write)
-        except ConnectionError as exc:
-            self.metrics.requests.labels(ready.method, "client_gone").inc()
-            raise ClientGone(f"client connection lost: {exc}") from exc
-        self.metrics.requests.labels(ready.method, outcome).inc()
-        self.metrics.request_duration.labels(ready.method, "cache").observe(
-            time.perf_counter() - started
-        )
+        head, rest, outcome = ready.answer
+        self._written(ready.method, head + _I32.pack(seqid) + rest, outcome, write, started)
         return ready
+
+    def _written(
+        self,
+        method: str,
+        reply: bytes,
+        outcome: str,
+        write: Callable[[bytes], None],
+        started: float,
+    ) -> None:
+        """Write a reply answered at once, counted as :meth:`handle` counts it."""
+        label = method_label(method)
+        try:
+            write(reply)
+        except ConnectionError as exc:
+            self.metrics.requests.labels(label, "client_gone").inc()
+            raise ClientGone(f"client connection lost: {exc}") from exc
+        self.metrics.requests.labels(label, outcome).inc()
+        self.metrics.request_duration.labels(label, "cache").observe(time.perf_counter() - started)
 
     def end_session(self, session: SessionState) -> None:
         self.identities.end_session(session)

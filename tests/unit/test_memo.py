@@ -151,10 +151,11 @@ def test_partition_name_memos_keep_only_short_names() -> None:
     from proxy.cache import keys
 
     long_value = "x" * (keys.MEMO_LONGEST + 1)
-    fields, parses, tags = (
+    fields, parses, tags, names = (
         keys._remembered_field.cache_info().currsize,
         keys._remembered_parse.cache_info().currsize,
         keys._remembered_table_tag.cache_info().currsize,
+        keys._remembered_partition.cache_info().currsize,
     )
     assert keys.partition_field([long_value]) == keys._field_of((long_value,))
     many = [""] * (keys.MEMO_PARTS + 1)  # short in characters, long in values
@@ -165,6 +166,9 @@ def test_partition_name_memos_keep_only_short_names() -> None:
     assert keys._remembered_field.cache_info().currsize == fields
     assert keys._remembered_parse.cache_info().currsize == parses
     assert keys._remembered_table_tag.cache_info().currsize == tags
+    found = keys.partition_of_name(f"ds={long_value}".encode())
+    assert found is not None and found[0] == (long_value,)
+    assert keys._remembered_partition.cache_info().currsize == names
     keys.partition_field(["2024-01-01"])
     assert keys._remembered_field.cache_info().currsize <= keys.MEMO_NAMES
 

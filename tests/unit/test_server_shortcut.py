@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from proxy import idl
+from proxy import catalog, idl
 from proxy.cache import locks
 from proxy.cache.keys import Bump, TableRef, partition_field
 from proxy.cache.plan import Planner, Ttls
@@ -324,7 +324,7 @@ def test_a_repeated_call_is_known_by_its_bytes_and_per_user_caches_keep_users_ap
                 r.hms.answer("get_table", seqid, dbname=DB, tbl_name=T) for seqid in (2, 9)
             ]
             # The same bytes from bob: alice's plan is not his, and neither is her entry.
-            assert r.handler.serve_repeat_now(bob, *again, out.append) is False
+            assert r.handler.serve_repeat_now(bob, *again, out.append) is False  # not known
             assert not r.handler.serve_hit_now(bob, message, out.append, repeat[0])
             assert len(out) == 2
             # Not a small strict call: not known by its bytes (the ordinary checks decide).
@@ -387,7 +387,14 @@ def test_an_assembled_by_names_reply_is_kept_whole_until_one_of_its_partitions_c
             # (whether one is added later depends on a version its refs do not name).
             for seqid in (7, 8, 9):
                 assert await ordinary(by_names(seqid, "a", "zz")) == answer(seqid, "a", "zz")
-            assert not now(by_names(10, "a", "zz"))
+            # (Answered at once all the same: assembled from its partitions, see the next
+            # test, never from a whole reply.)
+            assert now(by_names(10, "a", "zz"))
+            assert out[-1] == answer(10, "a", "zz")
+            spec = catalog.lookup("get_partitions_by_names")
+            assert spec is not None
+            plan = r.cache.plan_read(spec, message_of(by_names(10, "a", "zz")), None)
+            assert plan is not None and r.cache.l1.get(plan.key) is None  # not kept whole
             assert r.hms.calls["get_partitions_by_names"] == 3  # a+b, then b, then zz
 
     asyncio.run(run())

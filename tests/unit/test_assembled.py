@@ -1,0 +1,352 @@
+"""get_partitions_by_names answered at once, unplanned, from partitions judged current
+under the generation that stands (proxy.cache.assembled): the metastore's bytes, and never
+once anything a partition depends on changed. In process, against the scripted metastore."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from proxy import catalog, idl
+from proxy.cache import locks
+from proxy.cache.keys import Bump, TableRef, partition_field
+from proxy.cache.plan import Planner, Ttls
+from proxy.cache.store import MemoryStore
+from proxy.handler import SessionState
+from proxy.wire.framing import Transport, whole_message
+from tests.unit.inprocess import Client, Rig, message, rig
+from tests.unit.scripted_hms import partition
+from tests.unit.test_cache_core import NAMING
+
+DB, T = "db", "t"
+DAYS = [f"d{i:02d}" for i in range(30)]
+
+
+def by_names(seqid: int, *days: str, names: list[str] | None = None) -> bytes:
+    names = names if names is not None else [f"ds={d}" for d in days]
+    return idl.encode_call("get_partitions_by_names", seqid, db_name=DB, tbl_name=T, names=names)
+
+
+def hms_answer(r: Rig, request: bytes) -> bytes:
+    m = message(request)
+    args = idl.decode_args("get_partitions_by_names", m.body)
+    return r.hms.answer(
+        "get_partitions_by_names", m.header.seqid, db_name=DB, tbl_name=T, names=args.names
+    )
+
+
+class Asked:
+    """Asks a request at once (the listener's shortcut) and, if not answered so, the
+    ordinary way; tells which way answered, and whether by assembly without a plan."""
+
+    def __init__(self, r: Rig, session: SessionState | None = None) -> None:
+        self.r = r
+        self.session = session or SessionState("shared")
+        self.assembled = 0  # answered at once, unplanned
+        assert r.cache is not None
+        original = r.cache.assembled_now
+
+        def counted(*args: Any) -> bytes | None:
+            reply = original(*args)
+            self.assembled += reply is not None
+            return reply
+
+        r.cache.assembled_now = counted  # type: ignore[method-assign]
+
+    async def __call__(self, request: bytes) -> tuple[bytes, str]:
+        found = whole_message(request, Transport.BUFFERED, 1 << 20)
+        assert found is not None
+        out: list[bytes] = []
+        before = self.assembled
+        if self.r.handler.serve_hit_now(self.session, found, out.append):
+            return out[0], "assembled" if self.assembled > before else "at once"
+        client = Client()
+        await self.r.handler.handle(self.session, message(request), client)
+        return client.reply(), "ordinary"
+
+
+def test_a_request_never_asked_is_assembled_at_once_with_the_hms_bytes() -> None:
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS[:10], v="1")
+            ask = Asked(r)
+            for first in (0, 5):  # partitions 0-9 cached (and d99, absent), judged since
+                request = by_names(1, *DAYS[first : first + 5], "d99")
+                await ask(request)
+                await ask(request)
+            lookups = r.sample("hmsproxy_cache_lookups_total", **_by_names("hit"))
+            # New requests: any order, duplicates, absent partitions, another seqid.
+            for request in (
+                by_names(7, "d03", "d01", "d02"),
+                by_names(8, "d09", "d00", "d09", "d04"),
+                by_names(2**31 - 1, "d05", "d99", "d06"),
+            ):
+                reply, way = await ask(request)
+                assert way == "assembled"
+                assert reply == hms_answer(r, request)
+            assert r.hms.calls["get_partitions_by_names"] == 2  # the first two only
+            # Counted as the planned way counts an assembled hit.
+            assert r.sample("hmsproxy_cache_lookups_total", **_by_names("hit")) == lookups + 3
+            assert r.requests("get_partitions_by_names", "ok") == 7
+            partitions = r.sample("hmsproxy_cache_partitions_total", result="hit")
+            assert partitions >= 10
+
+    asyncio.run(run())
+
+
+def _by_names(result: str) -> dict[str, str]:
+    return {"method": "get_partitions_by_names", "result": result}
+
+
+def test_the_second_time_a_request_is_kept_whole_and_then_it_is_one_entry() -> None:
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS[:6], v="1")
+            ask = Asked(r)
+            await ask(by_names(1, *DAYS[:6]))
+            await ask(by_names(2, *DAYS[:6]))  # judged: stamped
+            request = by_names(3, "d01", "d02")
+            assert (await ask(request))[1] == "assembled"
+            assert (await ask(by_names(4, "d01", "d02")))[1] == "ordinary"  # kept whole now
+            reply, way = await ask(by_names(5, "d01", "d02"))
+            assert way == "at once" and reply == hms_answer(r, by_names(5, "d01", "d02"))
+
+    asyncio.run(run())
+
+
+async def _alter_one(r: Rig) -> None:  # another proxy's write to one partition, say
+    assert r.cache is not None
+    r.hms.partitions[(DB, T)]["ds=d02"].parameters["numFiles"] = "2"
+    await _write(r, "alter_partition", db_name=DB, tbl_name=T, new_part=partition(DB, T, "d02"))
+
+
+async def _write(r: Rig, method: str, **args: Any) -> None:
+    """The invalidation a write through the proxy makes (the metastore already changed)."""
+    assert r.cache is not None
+    spec = catalog.lookup(method)
+    assert spec is not None
+    plan = r.cache.plan_write(spec, message(idl.encode_call(method, 1, **args)))
+    assert await r.cache.invalidate(plan, "write")
+
+
+async def _drop_one(r: Rig) -> None:
+    del r.hms.partitions[(DB, T)]["ds=d02"]
+    await _write(r, "drop_partition", db_name=DB, tbl_name=T, part_vals=["d02"], deleteData=True)
+
+
+async def _lock(r: Rig) -> None:
+    assert r.cache is not None
+    key = r.cache.naming.versions(TableRef.of(DB, T).tag)
+    await r.store.mark([(key, locks.LOCK_PREFIX + "x:partitions")], time.time() + 60)
+
+
+async def _flush(r: Rig) -> None:
+    await r.store.flush()
+
+
+async def _evicted(r: Rig) -> None:
+    assert r.cache is not None
+    spec = catalog.lookup("get_partitions_by_names")
+    assert spec is not None
+    plan = r.cache.plan_read(spec, message(by_names(9, "d02")), None)
+    assert plan is not None and plan.partitions is not None
+    r.cache.l1.pop(plan.partitions.entry_keys[0])  # d02's copy
+
+
+async def _expired(r: Rig) -> None:
+    assert r.cache is not None
+    for item in r.cache.l1._items.values():
+        item.expires_at = time.monotonic()
+
+
+async def _untrusted(r: Rig) -> None:
+    r.store.standing.until = -math.inf  # (a shared store's invalidation stream lagging)
+
+
+async def _pending(r: Rig) -> None:
+    assert r.cache is not None
+    invalidations = r.cache.invalidations
+    invalidations.pending.append((None, None))  # type: ignore[arg-type]
+
+    async def not_settled() -> bool:
+        return False
+
+    invalidations.settled = not_settled  # type: ignore[method-assign]
+
+
+CHANGES: dict[str, Callable[[Rig], Awaitable[None]]] = {
+    "a partition altered": _alter_one,
+    "a partition dropped": _drop_one,
+    "a lock": _lock,
+    "a flush": _flush,
+    "a partition's copy evicted": _evicted,
+    "the copies expired": _expired,
+    "the versions in process untrusted": _untrusted,
+    "an invalidation pending": _pending,
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_nothing_is_assembled_at_once_after_a_change_to_what_it_depends_on(change: str) -> None:
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS[:6], v="1")
+            ask = Asked(r)
+            await ask(by_names(1, *DAYS[:6]))
+            await ask(by_names(2, *DAYS[:6]))
+            assert (await ask(by_names(3, "d01", "d02")))[1] == "assembled"
+            await CHANGES[change](r)
+            request = by_names(4, "d02", "d03")
+            reply, way = await ask(request)
+            assert way != "assembled"
+            assert reply == hms_answer(r, request)
+
+    asyncio.run(run())
+
+
+def test_what_the_planner_would_not_plan_per_partition_is_not_assembled() -> None:
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS[:6], v="1")
+            ask = Asked(r)
+            await ask(by_names(1, *DAYS[:6]))
+            await ask(by_names(2, *DAYS[:6]))
+            cases = {
+                "two spellings of one partition": ["ds=d01", "ds=%64%30%31"],
+                "a name that does not parse": ["ds=d01", "DS=d02"],
+                "a partition never planned": ["ds=d01", "ds=d07"],
+            }
+            for what, names in cases.items():
+                request = by_names(3, names=names)
+                reply, way = await ask(request)
+                assert way != "assembled", what
+                assert reply == hms_answer(r, request), what
+
+    asyncio.run(run())
+
+
+def test_another_users_request_is_not_assembled_from_a_per_user_cache() -> None:
+    async def run() -> None:
+        async with rig() as r:
+            assert r.cache is not None
+            r.cache.planner = Planner(NAMING, Ttls(), per_user=True)
+            r.hms.add_table(DB, T, *DAYS[:6], v="1")
+            alice = Asked(r, SessionState("a", user="alice"))
+            await alice(by_names(1, *DAYS[:6]))
+            await alice(by_names(2, *DAYS[:6]))
+            assert (await alice(by_names(3, "d01", "d02")))[1] == "assembled"
+            bob = Asked(r, SessionState("b", user="bob"))
+            _, way = await bob(by_names(4, "d01", "d03"))
+            assert way == "ordinary" and r.hms.calls["get_partitions_by_names"] == 2
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_replies_assembled_at_once_are_the_hms_replies_whatever_the_writes(seed: int) -> None:
+    # Random requests over a table's partitions, with partitions altered, added and dropped
+    # between them (through the proxy's invalidation, as a write through it makes): every
+    # reply, whichever way it took, is what the metastore answers at that moment.
+    rng = random.Random(seed)
+
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS[:20], v="1")
+            ask = Asked(r)
+            ways: dict[str, int] = {}
+            for step in range(400):
+                if rng.random() < 0.08:
+                    await _random_write(r, rng)
+                days = rng.sample(DAYS, rng.randint(1, 8))
+                request = by_names(step, *days)
+                reply, way = await ask(request)
+                ways[way] = ways.get(way, 0) + 1
+                assert reply == hms_answer(r, request), (step, way, days)
+            assert ways.get("assembled", 0) > 50, ways  # the path was taken, often
+
+    asyncio.run(run())
+
+
+async def _random_write(r: Rig, rng: random.Random) -> None:
+    have = r.hms.partitions[(DB, T)]
+    day = rng.choice(DAYS)
+    name = f"ds={day}"
+    if name in have and rng.random() < 0.3:
+        del have[name]
+        await _write(r, "drop_partition", db_name=DB, tbl_name=T, part_vals=[day], deleteData=True)
+    elif name in have:
+        have[name].parameters["numFiles"] = str(rng.randint(2, 99))
+        await _write(r, "alter_partition", db_name=DB, tbl_name=T, new_part=have[name])
+    else:
+        have[name] = partition(DB, T, day)
+        await _write(r, "add_partition", new_part=have[name])
+
+
+class HeldStore(MemoryStore):
+    """The embedded store, whose look-ups can be held after reading (a shared store's
+    reply on its way while the stream delivers a change)."""
+
+    def __init__(self) -> None:
+        super().__init__(1 << 24)
+        self.gate: asyncio.Event | None = None
+        self.read = asyncio.Event()
+
+    async def lookup(self, versions: Any, entries: Any, *, fresh: bool = False) -> Any:
+        found = await super().lookup(versions, entries, fresh=fresh)
+        if self.gate is not None:
+            self.read.set()
+            await self.gate.wait()
+        return found
+
+
+def test_a_partition_judged_on_versions_read_before_a_change_is_not_assembled_after_it() -> None:
+    # Its stamp is the generation read before its versions: the change, heard while the
+    # look-up was on its way, has moved it (stamped after, the old bytes would be served).
+    async def run() -> None:
+        store = HeldStore()
+        async with rig(store=store) as r:
+            r.hms.add_table(DB, T, *DAYS[:6], v="1")
+            ask = Asked(r)
+            await ask(by_names(1, *DAYS[:6]))
+            await ask(by_names(2, *DAYS[:6]))
+            await _evicted(r)  # d02's copy: the next look-up of it reads the store
+            store.gate = asyncio.Event()
+            held = asyncio.ensure_future(ask(by_names(3, "d01", "d02")))
+            await asyncio.wait_for(store.read.wait(), 10)
+            # Another proxy's write: its bump reaches this one's versions, not its copies.
+            r.hms.partitions[(DB, T)]["ds=d01"].parameters["numFiles"] = "7"
+            assert r.cache is not None
+            key = r.cache.naming.versions(TableRef.of(DB, T).tag)
+            await store.bump([Bump(key, partition_field(("d01",)), "partitions")])
+            store.gate.set()
+            await held  # (answered with what it read: it was asked before the write ended)
+            store.gate = None
+            request = by_names(4, "d01")  # (only partitions that look-up judged)
+            reply, way = await ask(request)
+            assert way != "assembled"
+            assert reply == hms_answer(r, request)
+
+    asyncio.run(run())
+
+
+def test_partitions_just_fetched_are_assembled_at_once_for_the_next_request() -> None:
+    # A fill is current under the generation read before its versions (the same rule as
+    # a fill's fingerprint): the next request of those partitions needs no judging first.
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS[:12], v="1")
+            ask = Asked(r)
+            await ask(by_names(1, "d00"))  # the table's versions made (its epoch)
+            await ask(by_names(2, "d10", "d11", "d04"))  # fetched and filled
+            request = by_names(3, "d11", "d04")
+            reply, way = await ask(request)
+            assert way == "assembled" and reply == hms_answer(r, request)
+            assert r.hms.calls["get_partitions_by_names"] == 2
+
+    asyncio.run(run())
