@@ -88,8 +88,11 @@ class Variants:
             if found is None:
                 return None
             start, value, end = found
-            variant = self.memo.get((method, args[:start] + args[end:], who))
-            if variant is None:
+            other = args[:start] + args[end:]
+            variant = self.memo.get((method, other, who))
+            # A list, and the only field of its id (a set is skipped by the decoders, and of
+            # a field sent twice they keep the last one): else the planned way decides.
+            if variant is None or args[start] != TType.LIST or parts.locate(other, path):
                 return None
             return variant, _strings(args, value, end)
         except (ProtocolError, struct.error, IndexError):

@@ -173,8 +173,9 @@ def parse_partition_name(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
     Hive writes partition column names in lower case and escapes ``/``, ``=``, ``%`` and
     other special characters in values as ``%XX``, so the split is unambiguous. Anything
-    else (empty parts, upper-case keys) raises PartitionNameError: the caller then treats
-    the request as one opaque entry instead of guessing.
+    else (empty parts, upper-case keys, a name not escaped as Hive escapes it) raises
+    PartitionNameError: the caller then treats the request as one opaque entry instead of
+    guessing.
     """
     if len(name) <= MEMO_LONGEST and name.count("/") < MEMO_PARTS:
         return _remembered_parse(name)
@@ -189,6 +190,11 @@ def _parse(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
             raise PartitionNameError(name)
         keys.append(_unescape(key))
         values.append(_unescape(value))
+    # The metastore matches a name as written (PART_NAME), and writes it escaped its own
+    # way: a name escaped otherwise (``%64`` for ``d``, ``%2f``) names none of its
+    # partitions, though it unescapes to one's values.
+    if partition_name(keys, values) != name:
+        raise PartitionNameError(name)
     return tuple(keys), tuple(values)
 
 

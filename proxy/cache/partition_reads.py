@@ -172,14 +172,16 @@ class PartitionReads:
         found = assembled.gather(variant, names, lambda key: l1.judged(key, generation, now, wall))
         if not found:
             return None
-        key = self.naming.entry(variant.tag, method, args, who)  # the request's, as planned
-        if key in self.assembled_once:
-            return None  # asked before: the planned way keeps it whole now (_keep_whole)
         present = [(n, e.payload) for n, e in found if not e.absent]
+        whole = len(present) == len(found)  # (one absent: never kept whole, see _keep_whole)
+        key = self.naming.entry(variant.tag, method, args, who)  # the request's, as planned
+        if whole and (key in self.assembled_once or l1.holds(key)):
+            return None  # asked before: the planned way keeps it whole (_keep_whole), or has
         reply = assembled.reply_of(method, seqid, present)
         if len(reply) > largest:
             return None
-        self.assembled_once.put(key, None, len(key))
+        if whole:
+            self.assembled_once.put(key, None, len(key))
         self.store.used_local_versions()
         label = method_label(method)
         self.metrics.cache_lookups.labels(label, Result.HIT.value).inc()
@@ -241,6 +243,11 @@ class PartitionReads:
         current = dict(versions[key])
         if fenced_fields(wanted, versions):
             return PartitionLookup(Result.BYPASS)
+        # Stamps say "current while the generation stands": only of versions kept in
+        # process, whose every change moves it (a hash Redis answered for and the mirror
+        # did not learn, a cluster slot without a stream of ours, would not).
+        if known is None and self.store.local(wanted) is None:
+            generation = None
         out = PartitionLookup(Result.MISS, versions=current, generation=generation)
         out.whole = await self._judge_whole(plan, versions, whole_front, found.get(plan.key))
         if out.whole.hit:
@@ -352,6 +359,8 @@ class PartitionReads:
         :class:`PartitionLookup`), under which the in-process copies are current."""
         pp = plan.partitions
         assert pp is not None
+        if current_under is not None and self.store.local(pp.wanted_fields) is None:
+            current_under = None  # (no longer kept in process: see lookup)
         compress = self.store.compress
         sample = next(iter(got.values()), None)
         # The embedded store keeps entries uncompressed: no dictionary to make or keep.
