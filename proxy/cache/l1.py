@@ -93,10 +93,7 @@ class L1:
         budget like the rest, older items going if it is exceeded."""
         item.size += size
         self.bytes += size
-        while self.bytes > self.max_bytes and len(self._items) > 1:
-            _, old = self._items.popitem(last=False)
-            self.bytes -= old.size
-            old.retire()
+        self._evict()
 
     def holds(self, key: str) -> bool:
         """Whether ``key`` has a copy here (expired or not)."""
@@ -116,7 +113,12 @@ class L1:
         self.pop(key)
         self._items[key] = Item(entry, time.monotonic() + ttl, size, current_under=current_under)
         self.bytes += size
-        while self.bytes > self.max_bytes:
+        self._evict()
+
+    def _evict(self) -> None:
+        """The least recently used go while the budget is exceeded (never the newest: an
+        item is at most a quarter of the budget when kept)."""
+        while self.bytes > self.max_bytes and len(self._items) > 1:
             _, old = self._items.popitem(last=False)
             self.bytes -= old.size
             old.retire()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 from proxy.cache.engine import CacheEngine
 from proxy.cache.entry import Payload
@@ -34,9 +33,6 @@ from proxy.upstream import result_outcome
 from proxy.wire.binary import reseq
 from proxy.wire.framing import Transport
 
-# What a connection writes: raises ConnectionError when the client is gone.
-Write = Callable[[bytes], None]
-
 
 def prepared(reply: Payload) -> tuple[bytes, Payload, str]:
     """A cached reply's parts as every hit on it writes them: its header up to the seqid,
@@ -44,15 +40,6 @@ def prepared(reply: Payload) -> tuple[bytes, Payload, str]:
     _, at, mtype = reseq(reply, 0)
     outcome = result_outcome(mtype, bytes(reply[at : at + 3]))
     return bytes(reply[: at - 4]), memoryview(reply)[at:], outcome
-
-
-def answer(ready: Ready, seqid: bytes, write: Write) -> str:
-    """Write ``ready``'s reply, its parts :func:`prepared`, with ``seqid`` (its four
-    bytes); the outcome label."""
-    assert ready.answer is not None
-    head, rest, outcome = ready.answer
-    write(head + seqid + rest)
-    return outcome
 
 
 class Again:
