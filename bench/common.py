@@ -160,23 +160,15 @@ asyncio.run(main())
 """
 
 
-class ReplayFloor:
-    """The floor: a do-nothing asyncio server (in another process, on the proxy's event
-    loop) that answers each known request with the reply bytes given for it. What one Python
-    round trip with the same bytes costs here; a proxy hit can only add to it."""
+class _ServerProcess:
+    """A do-nothing server script run in a process of its own, which prints its port."""
 
-    def __init__(self, pairs: list[tuple[bytes, bytes]], loop: str, workdir: Path) -> None:
-        import pickle
+    def __init__(self, script: str, *args: str) -> None:
         import subprocess
         import sys
 
-        workdir.mkdir(parents=True, exist_ok=True)
-        data = workdir / "replay.pickle"
-        data.write_bytes(pickle.dumps(pairs))
         self.process = subprocess.Popen(
-            [sys.executable, "-c", REPLAY_SERVER, str(data), loop],
-            stdout=subprocess.PIPE,
-            text=True,
+            [sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True
         )
         assert self.process.stdout is not None
         self.port = int(self.process.stdout.readline())
@@ -184,6 +176,20 @@ class ReplayFloor:
     def stop(self) -> None:
         self.process.kill()
         self.process.wait()
+
+
+class ReplayFloor(_ServerProcess):
+    """The floor: a do-nothing asyncio server (in another process, on the proxy's event
+    loop) that answers each known request with the reply bytes given for it. What one Python
+    round trip with the same bytes costs here; a proxy hit can only add to it."""
+
+    def __init__(self, pairs: list[tuple[bytes, bytes]], loop: str, workdir: Path) -> None:
+        import pickle
+
+        workdir.mkdir(parents=True, exist_ok=True)
+        data = workdir / "replay.pickle"
+        data.write_bytes(pickle.dumps(pairs))
+        super().__init__(REPLAY_SERVER, str(data), loop)
 
 
 RELAY_SERVER = """
@@ -230,27 +236,14 @@ asyncio.run(main())
 """
 
 
-class RelayFloor:
+class RelayFloor(_ServerProcess):
     """The floor of a pass-through: a do-nothing asyncio relay (in another process, on the
     proxy's event loop) that copies bytes between each client connection and one metastore
     connection of its own. What one more Python hop costs a call here; a proxy's miss can
     only add to it."""
 
     def __init__(self, host: str, port: int, loop: str) -> None:
-        import subprocess
-        import sys
-
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", RELAY_SERVER, host, str(port), loop],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.process.stdout is not None
-        self.port = int(self.process.stdout.readline())
-
-    def stop(self) -> None:
-        self.process.kill()
-        self.process.wait()
+        super().__init__(RELAY_SERVER, host, str(port), loop)
 
 
 def reply_bytes(conn: TimedConnection, request: bytes) -> bytes:
