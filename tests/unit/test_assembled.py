@@ -5,7 +5,6 @@ once anything a partition depends on changed. In process, against the scripted m
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -22,6 +21,7 @@ from proxy.handler import SessionState
 from proxy.wire.framing import Transport, whole_message
 from tests.unit.inprocess import Client, Rig, message, rig
 from tests.unit.scripted_hms import partition
+from tests.unit.test_again import _flush, _pending, _untrusted
 from tests.unit.test_cache_core import NAMING
 
 DB, T = "db", "t"
@@ -71,6 +71,12 @@ class Asked:
         return client.reply(), "ordinary"
 
 
+async def judged(ask: Asked) -> None:
+    """Partitions d00-d05 cached, and judged current since."""
+    await ask(by_names(1, *DAYS[:6]))
+    await ask(by_names(2, *DAYS[:6]))
+
+
 def test_a_request_never_asked_is_assembled_at_once_with_the_hms_bytes() -> None:
     async def run() -> None:
         async with rig() as r:
@@ -109,8 +115,7 @@ def test_the_second_time_a_request_is_kept_whole_and_then_it_is_one_entry() -> N
         async with rig() as r:
             r.hms.add_table(DB, T, *DAYS[:6], v="1")
             ask = Asked(r)
-            await ask(by_names(1, *DAYS[:6]))
-            await ask(by_names(2, *DAYS[:6]))  # judged: stamped
+            await judged(ask)
             request = by_names(3, "d01", "d02")
             assert (await ask(request))[1] == "assembled"
             assert (await ask(by_names(4, "d01", "d02")))[1] == "ordinary"  # kept whole now
@@ -146,10 +151,6 @@ async def _lock(r: Rig) -> None:
     await r.store.mark([(key, locks.LOCK_PREFIX + "x:partitions")], time.time() + 60)
 
 
-async def _flush(r: Rig) -> None:
-    await r.store.flush()
-
-
 async def _evicted(r: Rig) -> None:
     assert r.cache is not None
     spec = catalog.lookup("get_partitions_by_names")
@@ -163,21 +164,6 @@ async def _expired(r: Rig) -> None:
     assert r.cache is not None
     for item in r.cache.l1._items.values():
         item.expires_at = time.monotonic()
-
-
-async def _untrusted(r: Rig) -> None:
-    r.store.standing.until = -math.inf  # (a shared store's invalidation stream lagging)
-
-
-async def _pending(r: Rig) -> None:
-    assert r.cache is not None
-    invalidations = r.cache.invalidations
-    invalidations.pending.append((None, None))  # type: ignore[arg-type]
-
-    async def not_settled() -> bool:
-        return False
-
-    invalidations.settled = not_settled  # type: ignore[method-assign]
 
 
 CHANGES: dict[str, Callable[[Rig], Awaitable[None]]] = {
@@ -198,8 +184,7 @@ def test_nothing_is_assembled_at_once_after_a_change_to_what_it_depends_on(chang
         async with rig() as r:
             r.hms.add_table(DB, T, *DAYS[:6], v="1")
             ask = Asked(r)
-            await ask(by_names(1, *DAYS[:6]))
-            await ask(by_names(2, *DAYS[:6]))
+            await judged(ask)
             assert (await ask(by_names(3, "d01", "d02")))[1] == "assembled"
             await CHANGES[change](r)
             request = by_names(4, "d02", "d03")
@@ -215,8 +200,7 @@ def test_what_the_planner_would_not_plan_per_partition_is_not_assembled() -> Non
         async with rig() as r:
             r.hms.add_table(DB, T, *DAYS[:6], v="1")
             ask = Asked(r)
-            await ask(by_names(1, *DAYS[:6]))
-            await ask(by_names(2, *DAYS[:6]))
+            await judged(ask)
             cases = {
                 "two spellings of one partition": ["ds=d01", "ds=%64%30%31"],
                 "a name not escaped as Hive escapes it": ["ds=%64%30%31", "ds=d02"],
@@ -314,8 +298,7 @@ def test_a_partition_judged_on_versions_read_before_a_change_is_not_assembled_af
         async with rig(store=store) as r:
             r.hms.add_table(DB, T, *DAYS[:6], v="1")
             ask = Asked(r)
-            await ask(by_names(1, *DAYS[:6]))
-            await ask(by_names(2, *DAYS[:6]))
+            await judged(ask)
             await _evicted(r)  # d02's copy: the next look-up of it reads the store
             store.gate = asyncio.Event()
             held = asyncio.ensure_future(ask(by_names(3, "d01", "d02")))
@@ -377,8 +360,7 @@ def test_partitions_judged_on_versions_not_kept_in_process_are_not_assembled() -
         async with rig(store=store) as r:
             r.hms.add_table(DB, T, *DAYS[:6], v="1")
             ask = Asked(r)
-            await ask(by_names(1, *DAYS[:6]))
-            await ask(by_names(2, *DAYS[:6]))  # judged on versions read from the store
+            await judged(ask)  # (on versions read from the store)
             assert r.cache is not None
             r.hms.partitions[(DB, T)]["ds=d01"].parameters["numFiles"] = "7"
             store.others_write(r.cache.naming.versions(TableRef.of(DB, T).tag), "p:x")
