@@ -27,17 +27,18 @@ from then on it is one entry.
 
 from __future__ import annotations
 
+import operator
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.cache import partitions as parts
-from proxy.cache.entry import Entry
-from proxy.cache.keys import Naming, TableRef, partition_of_name
+from proxy.cache.entry import ABSENT, Entry, Payload
+from proxy.cache.keys import Naming, TableRef, partitions_of_names
 from proxy.cache.plan import PartitionPlan
 from proxy.memo import BoundedMemo
 from proxy.wire.binary import MessageType, TType, encode_header
 from proxy.wire.errors import ProtocolError
+from proxy.wire.fields import read_strings
 
 _I32 = struct.Struct(">i")
 
@@ -94,52 +95,41 @@ class Variants:
             # a field sent twice they keep the last one): else the planned way decides.
             if variant is None or args[start] != TType.LIST or parts.locate(other, path):
                 return None
-            return variant, _strings(args, value, end)
+            if args[value] != TType.STRING:
+                return None
+            (count,) = _I32.unpack_from(args, value + 1)
+            return variant, read_strings(args, value + 5, count, end)
         except (ProtocolError, struct.error, IndexError):
             return None
 
 
-def _strings(buf: bytes, at: int, end: int) -> list[bytes]:
-    """The list of strings at ``buf[at:end]`` (a list field's value), as bytes."""
-    if buf[at] != TType.STRING:
-        raise ProtocolError("not a list of strings")
-    (count,) = _I32.unpack_from(buf, at + 1)
-    pos, out = at + 5, []
-    for _ in range(count):
-        (size,) = _I32.unpack_from(buf, pos)
-        if size < 0 or pos + 4 + size > end:
-            raise ProtocolError("a string past its list")
-        out.append(buf[pos + 4 : pos + 4 + size])
-        pos += 4 + size
-    return out
+def gather(variant: Variant, names: list[bytes]) -> tuple[list[bytes], list[str]] | None:
+    """The distinct names, and each one's partition entry key; ``None`` where the planner
+    would not plan the request per partition (a name that is not UTF-8 or does not parse,
+    two spellings of one partition) and for no names at all."""
+    distinct = list(dict.fromkeys(names))
+    known = partitions_of_names(distinct)
+    if not known or not all(known):
+        return None
+    prefix = variant.entries
+    keys = [prefix + field for _, field in known]  # type: ignore[misc]  # (None: not here)
+    if len(set(keys)) != len(keys):  # (one key: one partition's values)
+        return None  # two spellings of one partition: the planner lets the HMS decide
+    return distinct, keys
 
 
-def gather(
-    variant: Variant, names: list[bytes], judged: Callable[[str], Entry | None]
-) -> list[tuple[bytes, Entry]] | None:
-    """Each distinct name with its partition's entry, as ``judged`` gives it by entry key;
-    ``None`` at the first that it does not give, and where the planner would not plan the
-    request per partition (a name that is not UTF-8 or does not parse, two spellings of
-    one partition)."""
-    out, seen = [], set()
-    for name in dict.fromkeys(names):
-        known = partition_of_name(name)
-        if known is None:
-            return None
-        values, field = known
-        if values in seen:
-            return None  # two spellings of one partition: the planner lets the HMS decide
-        seen.add(values)
-        entry = judged(variant.entries + field[2:])
-        if entry is None:
-            return None
-        out.append((name, entry))
-    return out
+def present(names: list[bytes], entries: list[Entry]) -> list[tuple[bytes, Payload]]:
+    """Each name with its partition's bytes, for the partitions the metastore has."""
+    pairs = zip(names, entries, strict=True)
+    return [(name, entry.payload) for name, entry in pairs if not entry.flags & ABSENT]
 
 
-def reply_of(method: str, seqid: int, present: list[tuple[bytes, bytes | memoryview]]) -> bytes:
-    """The HMS's reply for these partitions: in name order (see :mod:`.partitions`; UTF-8
+def reply_of(method: str, seqid: int, found: list[tuple[bytes, Payload]]) -> bytes:
+    """The HMS's reply for these partitions, in name order (see :mod:`.partitions`; UTF-8
     keeps the order of the code points it encodes, which is how names compare)."""
-    present.sort(key=lambda pair: pair[0])
-    body = parts.assemble(method, [data for _, data in present])
-    return encode_header(method, MessageType.REPLY, seqid) + body
+    found.sort(key=_first)
+    head = encode_header(method, MessageType.REPLY, seqid)
+    return parts.assemble(method, [data for _, data in found], head)
+
+
+_first = operator.itemgetter(0)

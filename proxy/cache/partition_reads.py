@@ -168,16 +168,19 @@ class PartitionReads:
         if known is None:
             return None
         variant, names = known
-        now, wall = time.monotonic(), time.time()
-        found = assembled.gather(variant, names, lambda key: l1.judged(key, generation, now, wall))
-        if not found:
+        gathered = assembled.gather(variant, names)
+        if gathered is None:
             return None
-        present = [(n, e.payload) for n, e in found if not e.absent]
-        whole = len(present) == len(found)  # (one absent: never kept whole, see _keep_whole)
+        distinct, keys = gathered
+        entries = l1.judged_all(keys, generation, time.monotonic(), time.time())
+        if entries is None:
+            return None
+        found = assembled.present(distinct, entries)
+        whole = len(found) == len(entries)  # (one absent: never kept whole, see _keep_whole)
         key = self.naming.entry(variant.tag, method, args, who)  # the request's, as planned
         if whole and (key in self.assembled_once or l1.holds(key)):
             return None  # asked before: the planned way keeps it whole (_keep_whole), or has
-        reply = assembled.reply_of(method, seqid, present)
+        reply = assembled.reply_of(method, seqid, found)
         if len(reply) > largest:
             return None
         if whole:
@@ -187,7 +190,7 @@ class PartitionReads:
         self.metrics.cache_lookups.labels(label, Result.HIT.value).inc()
         if self.seen is not None:
             self.seen.looked_up(variant.table, True)
-        self.metrics.cache_partitions.labels("hit").inc(len(found))
+        self.metrics.cache_partitions.labels("hit").inc(len(keys))
         self.metrics.cache_partitions.labels("miss").inc(0)
         return reply
 
@@ -430,8 +433,8 @@ class PartitionReads:
         present = sorted(
             (n, data) for n, v in zip(pp.names, pp.values, strict=True) if (data := known.get(v))
         )
-        body = parts.assemble(plan.method, [data for _, data in present])
-        return encode_header(plan.method, MessageType.REPLY, seqid) + body
+        head = encode_header(plan.method, MessageType.REPLY, seqid)
+        return parts.assemble(plan.method, [data for _, data in present], head)
 
 
 def _with_epoch(

@@ -145,11 +145,16 @@ def partition_values(part: bytes) -> tuple[str, ...]:
     return tuple(decoded.values or ())
 
 
-def assemble(method: str, partitions: Sequence[bytes | memoryview]) -> bytes:
-    """The result struct the HMS would send for these partitions, in this order."""
-    items = b"".join(partitions)
+def assemble(method: str, partitions: Sequence[bytes | memoryview], head: bytes = b"") -> bytes:
+    """The result struct the HMS would send for these partitions, in this order, after
+    ``head`` (the reply's header): one join, the partitions copied once."""
     listing = _LIST_OF_STRUCTS + b"\x00" + bytes((RESULT_LIST_PATH[method][-1],))
-    listing += bytes((TType.STRUCT,)) + _I32.pack(len(partitions)) + items
+    listing += bytes((TType.STRUCT,)) + _I32.pack(len(partitions))
     if method == "get_partitions_by_names":
-        return listing + b"\x00"
-    return bytes((TType.STRUCT,)) + b"\x00\x00" + listing + b"\x00" + b"\x00"
+        opening, closing = listing, b"\x00"
+    else:
+        opening, closing = bytes((TType.STRUCT,)) + b"\x00\x00" + listing, b"\x00\x00"
+    out: list[bytes | memoryview] = [head, opening]
+    out.extend(partitions)
+    out.append(closing)
+    return b"".join(out)

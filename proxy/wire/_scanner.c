@@ -5,6 +5,9 @@
  * Why C: the pure-Python scanner needs about 0.3 s for a 12 MB reply of 10,000 partitions,
  * as long as the HMS takes to produce it. This one needs a few milliseconds. The behaviour
  * (positions, errors, limits) is the same; tests run both over the same random messages.
+ *
+ * Also here, twins of proxy.wire.fields' walks over a list of strings: a request names a
+ * hundred partitions, and one Python call per name was a tenth of answering it from cache.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -287,8 +290,80 @@ static PyTypeObject ScannerType = {
     .tp_getset = Scanner_getset,
 };
 
+/* Walk ``count`` binary strings from ``pos``, none past ``limit``: the end, or -1 (raised).
+ * With ``out``, each string is appended to it as bytes. */
+static Py_ssize_t walk_strings(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t count,
+                               Py_ssize_t limit, PyObject *out) {
+    if (count < 0) {
+        PyErr_Format(ProtocolError, "negative container size %zd", count);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (pos + 4 > limit) {
+            PyErr_SetString(ProtocolError, "a string runs past its end");
+            return -1;
+        }
+        int32_t size = read_i32(buf + pos);
+        if (size < 0 || pos + 4 + (Py_ssize_t)size > limit) {
+            PyErr_SetString(ProtocolError, "a string runs past its end");
+            return -1;
+        }
+        if (out != NULL) {
+            PyObject *item = PyBytes_FromStringAndSize((const char *)buf + pos + 4, size);
+            if (item == NULL) return -1;
+            int failed = PyList_Append(out, item);
+            Py_DECREF(item);
+            if (failed) return -1;
+        }
+        pos += 4 + (Py_ssize_t)size;
+    }
+    return pos;
+}
+
+static int limit_of(Py_buffer *view, Py_ssize_t pos, Py_ssize_t limit, Py_ssize_t *out) {
+    if (limit > view->len) limit = view->len;
+    if (pos < 0 || pos > limit) {
+        PyErr_SetString(ProtocolError, "a string list starts past its end");
+        return -1;
+    }
+    *out = limit;
+    return 0;
+}
+
+static PyObject *skip_strings(PyObject *module, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos, count, limit;
+    if (!PyArg_ParseTuple(args, "y*nnn", &view, &pos, &count, &limit)) return NULL;
+    Py_ssize_t end = -1;
+    if (limit_of(&view, pos, limit, &limit) == 0)
+        end = walk_strings((const unsigned char *)view.buf, pos, count, limit, NULL);
+    PyBuffer_Release(&view);
+    return end < 0 ? NULL : PyLong_FromSsize_t(end);
+}
+
+static PyObject *read_strings(PyObject *module, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos, count, limit;
+    if (!PyArg_ParseTuple(args, "y*nnn", &view, &pos, &count, &limit)) return NULL;
+    PyObject *out = NULL;
+    if (limit_of(&view, pos, limit, &limit) == 0 && (out = PyList_New(0)) != NULL &&
+        walk_strings((const unsigned char *)view.buf, pos, count, limit, out) < 0) {
+        Py_CLEAR(out);
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
+static PyMethodDef module_functions[] = {
+    {"skip_strings", skip_strings, METH_VARARGS,
+     "skip_strings(buf, pos, count, limit) -> int: the end of count strings from pos."},
+    {"read_strings", read_strings, METH_VARARGS,
+     "read_strings(buf, pos, count, limit) -> list[bytes]: count strings from pos."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "proxy.wire._scanner", "C struct scanner", -1, NULL,
+    PyModuleDef_HEAD_INIT, "proxy.wire._scanner", "C struct scanner", -1, module_functions,
 };
 
 PyMODINIT_FUNC PyInit__scanner(void) {

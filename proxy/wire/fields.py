@@ -9,6 +9,7 @@ struct values are skipped by the message scanner.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.wire.binary import FIXED_SIZE, StructScanner, TType
@@ -46,14 +47,7 @@ def skip_value(buf: bytes, pos: int, ttype: int, depth: int = 0) -> int:
         (count,) = _I32.unpack_from(buf, pos + 1)
         end = pos + 5
         if etype == TType.STRING:  # (names of partitions, hundreds of them: no call each)
-            unpack, limit = _I32.unpack_from, len(buf)
-            for _ in range(count):
-                if end + 4 > limit:
-                    raise ProtocolError("value runs past the end of the buffer")
-                (size,) = unpack(buf, end)
-                if size < 0:
-                    raise ProtocolError("negative string length")
-                end += 4 + size
+            end = skip_strings(buf, end, count, len(buf))
         else:
             for _ in range(count):
                 end = skip_value(buf, end, etype, depth + 1)
@@ -69,6 +63,47 @@ def skip_value(buf: bytes, pos: int, ttype: int, depth: int = 0) -> int:
     if end > len(buf):
         raise ProtocolError("value runs past the end of the buffer")
     return end
+
+
+def py_skip_strings(buf: bytes, pos: int, count: int, limit: int) -> int:
+    """The end of ``count`` binary strings from ``pos``, none past ``limit``."""
+    return _walk_strings(buf, pos, count, limit, None)
+
+
+def py_read_strings(buf: bytes, pos: int, count: int, limit: int) -> list[bytes]:
+    """``count`` binary strings from ``pos``, none past ``limit``, as bytes."""
+    out: list[bytes] = []
+    _walk_strings(buf, pos, count, limit, out)
+    return out
+
+
+def _walk_strings(buf: bytes, pos: int, count: int, limit: int, out: list[bytes] | None) -> int:
+    if count < 0:
+        raise ProtocolError(f"negative container size {count}")
+    limit = min(limit, len(buf))
+    if pos < 0 or pos > limit:
+        raise ProtocolError("a string list starts past its end")
+    unpack = _I32.unpack_from
+    for _ in range(count):
+        if pos + 4 > limit:
+            raise ProtocolError("a string runs past its end")
+        (size,) = unpack(buf, pos)
+        if size < 0 or pos + 4 + size > limit:
+            raise ProtocolError("a string runs past its end")
+        if out is not None:
+            out.append(buf[pos + 4 : pos + 4 + size])
+        pos += 4 + size
+    return pos
+
+
+read_strings: Callable[[bytes, int, int, int], list[bytes]] = py_read_strings
+skip_strings: Callable[[bytes, int, int, int], int] = py_skip_strings
+try:  # C twins (see _scanner.c): a hundred partition names, no Python call each
+    from proxy.wire import _scanner
+except ImportError:  # pragma: no cover - only where the extension could not be built
+    pass
+else:
+    read_strings, skip_strings = _scanner.read_strings, _scanner.skip_strings
 
 
 def field_spans(buf: bytes, start: int = 0, depth: int = 0) -> tuple[list[FieldSpan], int]:

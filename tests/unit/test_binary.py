@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.wire import binary
+from proxy.wire import binary, fields
 from proxy.wire.binary import (
     AppErrorType,
     MessageType,
@@ -215,3 +215,53 @@ def test_reseq_puts_the_callers_seqid_in_place_and_keeps_everything_else() -> No
     head, at, mtype = reseq(old + body, -1)
     assert head == old[:-4] + struct.pack(">i", -1)
     assert (at, mtype) == (len(old), MessageType.REPLY)
+
+
+def _strings(items: list[bytes]) -> bytes:
+    return b"".join(struct.pack(">i", len(item)) + item for item in items)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.lists(st.binary(max_size=20), max_size=8).map(_strings),  # well formed
+        st.binary(max_size=60),  # anything
+    ),
+    st.integers(-2, 10),
+    st.integers(0, 70),
+    st.integers(-1, 70),
+)
+def test_both_string_list_walks_agree(data: bytes, pos: int, count: int, limit: int) -> None:
+    """proxy.wire.fields' walks over a list of strings (a request's partition names), in C
+    and in Python: the same strings, the same end, the same refusals."""
+    outcomes = []
+    for read, skip in (
+        (fields.py_read_strings, fields.py_skip_strings),
+        (fields.read_strings, fields.skip_strings),
+    ):
+        try:
+            outcomes.append((read(data, pos, count, limit), skip(data, pos, count, limit)))
+        except ProtocolError:
+            outcomes.append(None)
+    assert outcomes[0] == outcomes[1]
+
+
+def test_the_c_string_list_walks_are_built() -> None:
+    assert fields.read_strings is not fields.py_read_strings
+    assert fields.skip_strings is not fields.py_skip_strings
+
+
+def test_a_string_list_is_read_within_its_limit() -> None:
+    data = _strings([b"ds=1", b"", b"ds=22"])
+    for read, skip in (
+        (fields.py_read_strings, fields.py_skip_strings),
+        (fields.read_strings, fields.skip_strings),
+    ):
+        assert read(data, 0, 3, len(data)) == [b"ds=1", b"", b"ds=22"]
+        assert skip(data, 0, 3, len(data)) == len(data)
+        assert read(data, 8, 2, 1 << 30) == [b"", b"ds=22"]  # (the buffer bounds it too)
+        for short in (len(data) - 1, 3):
+            with pytest.raises(ProtocolError, match="runs past"):
+                skip(data, 0, 3, short)
+        with pytest.raises(ProtocolError, match="negative container size"):
+            read(data, 0, -1, len(data))
