@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from proxy.cache import partitions as parts
 from proxy.cache.entry import ABSENT, Entry, Payload
-from proxy.cache.keys import Naming, TableRef, partitions_of_names
+from proxy.cache.keys import Naming, TableRef, entry_tails
 from proxy.cache.plan import PartitionPlan
 from proxy.memo import BoundedMemo
 from proxy.wire.binary import MessageType, TType, encode_header
@@ -108,11 +108,11 @@ def gather(variant: Variant, names: list[bytes]) -> tuple[list[bytes], list[str]
     would not plan the request per partition (a name that is not UTF-8 or does not parse,
     two spellings of one partition) and for no names at all."""
     distinct = list(dict.fromkeys(names))
-    known = partitions_of_names(distinct)
-    if not known or not all(known):
+    tails = entry_tails(distinct)
+    if not tails or None in tails:
         return None
     prefix = variant.entries
-    keys = [prefix + field for _, field in known]  # type: ignore[misc]  # (None: not here)
+    keys = [prefix + tail for tail in tails]  # type: ignore[operator]  # (no None here)
     if len(set(keys)) != len(keys):  # (one key: one partition's values)
         return None  # two spellings of one partition: the planner lets the HMS decide
     return distinct, keys

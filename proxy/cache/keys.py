@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 EPOCH = "epoch"
 DEFAULT_CATALOG = "hive"
@@ -201,34 +203,38 @@ def _parse(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 _remembered_parse = functools.lru_cache(maxsize=MEMO_NAMES)(_parse)  # errors are not kept
 
 
-def partition_of_name(raw: bytes) -> tuple[tuple[str, ...], str] | None:
-    """A partition name as a request's bytes carry it -> (its values, its version field
-    without the ``p:``: the tail of its entries' keys, see :meth:`Naming.partition_entries`),
-    as :func:`parse_partition_name` and :func:`partition_field` make them; ``None`` for a
-    name that is not UTF-8 or does not parse. One look-up for a name seen before."""
-    if len(raw) <= MEMO_LONGEST:
-        return _remembered_partition(raw)
-    return _partition_of(raw)
+def entry_tails(raws: list[bytes]) -> list[str | None]:
+    """Partition names as a request's bytes carry them -> each one's version field without
+    the ``p:`` (the tail of its entries' keys, see :meth:`Naming.partition_entries`), as
+    :func:`parse_partition_name` and :func:`partition_field` make it; ``None`` for a name
+    that is not UTF-8 or does not parse.
+
+    A request names a hundred partitions, most of them named before: those are one loop in
+    C over a plain dictionary (an ``lru_cache`` wraps each bytes key in a tuple and moves
+    its links, memory that is cold by the time the next request comes)."""
+    tails = list(map(_TAILS.get, raws, repeat(_UNKNOWN)))
+    if _UNKNOWN in tails:
+        for at, raw in enumerate(raws):
+            if tails[at] is _UNKNOWN:
+                tails[at] = tail = _tail_of(raw)
+                if len(raw) <= MEMO_LONGEST and tail is not None:  # (errors are not kept)
+                    if len(_TAILS) >= MEMO_NAMES:  # the older half goes
+                        for old in list(itertools.islice(_TAILS, MEMO_NAMES // 2)):
+                            del _TAILS[old]
+                    _TAILS[raw] = tail
+    return tails  # type: ignore[return-value]  # (no _UNKNOWN is left)
 
 
-def partitions_of_names(raws: Iterable[bytes]) -> list[tuple[tuple[str, ...], str] | None]:
-    """:func:`partition_of_name` of each (a request's hundred names: one loop in C when
-    every one is short enough to be remembered)."""
-    raws = list(raws)
-    if max(map(len, raws), default=0) <= MEMO_LONGEST:
-        return list(map(_remembered_partition, raws))
-    return [partition_of_name(raw) for raw in raws]
-
-
-def _partition_of(raw: bytes) -> tuple[tuple[str, ...], str] | None:
+def _tail_of(raw: bytes) -> str | None:
     try:
         values = parse_partition_name(raw.decode("utf-8"))[1]
     except (UnicodeDecodeError, PartitionNameError):
         return None
-    return values, partition_field(values)[2:]
+    return partition_field(values)[2:]
 
 
-_remembered_partition = functools.lru_cache(maxsize=MEMO_NAMES)(_partition_of)
+_UNKNOWN = object()
+_TAILS: dict[bytes, object] = {}  # name -> tail, for names of at most MEMO_LONGEST bytes
 
 
 @dataclass(frozen=True, slots=True)

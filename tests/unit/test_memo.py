@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import struct
 
+import pytest
 from prometheus_client import generate_latest
 
 from proxy import catalog, idl
@@ -155,7 +156,7 @@ def test_partition_name_memos_keep_only_short_names() -> None:
         keys._remembered_field.cache_info().currsize,
         keys._remembered_parse.cache_info().currsize,
         keys._remembered_table_tag.cache_info().currsize,
-        keys._remembered_partition.cache_info().currsize,
+        len(keys._TAILS),
     )
     assert keys.partition_field([long_value]) == keys._field_of((long_value,))
     many = [""] * (keys.MEMO_PARTS + 1)  # short in characters, long in values
@@ -166,11 +167,30 @@ def test_partition_name_memos_keep_only_short_names() -> None:
     assert keys._remembered_field.cache_info().currsize == fields
     assert keys._remembered_parse.cache_info().currsize == parses
     assert keys._remembered_table_tag.cache_info().currsize == tags
-    found = keys.partition_of_name(f"ds={long_value}".encode())
-    assert found is not None and found[0] == (long_value,)
-    assert keys._remembered_partition.cache_info().currsize == names
+    assert keys.entry_tails([f"ds={long_value}".encode()]) == [
+        keys.partition_field([long_value])[2:]
+    ]
+    assert len(keys._TAILS) == names
     keys.partition_field(["2024-01-01"])
     assert keys._remembered_field.cache_info().currsize <= keys.MEMO_NAMES
+
+
+def test_the_names_memo_stays_within_its_count_and_keeps_no_errors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from proxy.cache import keys
+
+    monkeypatch.setattr(keys, "_TAILS", {})
+    monkeypatch.setattr(keys, "MEMO_NAMES", 8)
+    names = [f"ds={i}".encode() for i in range(20)]
+    for at in range(0, 20, 3):
+        chunk = names[at : at + 3]
+        tails = keys.entry_tails([*chunk, b"not a name", b"ds=\xff"])
+        assert tails[-2:] == [None, None]
+        assert tails[:-2] == [keys.partition_field([n.decode()[3:]])[2:] for n in chunk]
+        assert len(keys._TAILS) <= 8
+    assert b"not a name" not in keys._TAILS
+    assert names[19] in keys._TAILS and names[0] not in keys._TAILS  # the older went
 
 
 def test_every_memo_is_on_metrics_with_the_bytes_it_counts() -> None:
