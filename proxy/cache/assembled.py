@@ -38,7 +38,7 @@ from proxy.cache.plan import PartitionPlan
 from proxy.memo import BoundedMemo
 from proxy.wire.binary import MessageType, TType, encode_header
 from proxy.wire.errors import ProtocolError
-from proxy.wire.fields import read_strings
+from proxy.wire.fields import only_field, read_strings
 
 _I32 = struct.Struct(">i")
 
@@ -85,17 +85,22 @@ class Variants:
         if path is None:
             return None
         try:
-            found = parts.locate(args, path)
+            # The names field, the only one of its id (of a field sent twice the decoders
+            # keep the last one): else the planned way decides.
+            if len(path) == 1:
+                found = only_field(args, path[0])
+            else:
+                found = parts.locate(args, path)
+                if found is not None and parts.locate(args[: found[0]] + args[found[2] :], path):
+                    return None
             if found is None:
                 return None
             start, value, end = found
-            other = args[:start] + args[end:]
-            variant = self.memo.get((method, other, who))
-            # A list, and the only field of its id (a set is skipped by the decoders, and of
-            # a field sent twice they keep the last one): else the planned way decides.
-            if variant is None or args[start] != TType.LIST or parts.locate(other, path):
+            # A list of strings (a set is skipped by the decoders).
+            if args[start] != TType.LIST or args[value] != TType.STRING:
                 return None
-            if args[value] != TType.STRING:
+            variant = self.memo.get((method, args[:start] + args[end:], who))
+            if variant is None:
                 return None
             (count,) = _I32.unpack_from(args, value + 1)
             return variant, read_strings(args, value + 5, count, end)

@@ -106,6 +106,28 @@ else:
     read_strings, skip_strings = _scanner.read_strings, _scanner.skip_strings
 
 
+def only_field(buf: bytes, fid: int) -> tuple[int, int, int] | None:
+    """(start, value, end) of the top-level field ``fid`` of the struct that is the whole of
+    ``buf``, if it is there exactly once; ``None`` if it is not, or twice (as a field sent
+    twice is read differently by different decoders). One walk, no spans kept."""
+    found = None
+    pos, limit = 0, len(buf)
+    while True:
+        if pos >= limit:
+            raise ProtocolError("struct has no end")
+        ttype = buf[pos]
+        if ttype == TType.STOP:
+            if pos + 1 != limit:
+                raise ProtocolError("bytes after the struct's end")
+            return found
+        end = skip_value(buf, pos + 3, ttype)
+        if _FIELD.unpack_from(buf, pos)[1] == fid:
+            if found is not None:
+                return None
+            found = (pos, pos + 3, end)
+        pos = end
+
+
 def field_spans(buf: bytes, start: int = 0, depth: int = 0) -> tuple[list[FieldSpan], int]:
     """The fields of the struct at ``start``, and the offset just past its STOP byte."""
     if depth > 64:

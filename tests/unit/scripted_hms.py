@@ -233,6 +233,7 @@ class ScriptedHMS:
             "alter_table": self._alter_table,
             "get_all_tables": self._get_all_tables,
             "get_partitions_by_names": self._get_partitions_by_names,
+            "get_partitions_by_names_req": self._get_partitions_by_names_req,
             "getStatus": lambda conn, args: idl.result_class("getStatus")(success=2),
         }
         # Replies given as bytes, by method: seqid -> the whole reply message.
@@ -447,6 +448,11 @@ class ScriptedHMS:
         have = self.partitions.get((args.db_name, args.tbl_name), {})
         found = [have[n] for n in sorted(set(args.names or [])) if n in have]
         return idl.result_class("get_partitions_by_names")(success=found)
+
+    def _get_partitions_by_names_req(self, conn: State, args: Any) -> Any:
+        found = self._get_partitions_by_names(conn, args.req).success
+        result = idl.module().GetPartitionsByNamesResult(partitions=found)
+        return idl.result_class("get_partitions_by_names_req")(success=result)
 
 
 async def until(check: Callable[[], object], what: str = "condition", turns: int = 10_000) -> None:

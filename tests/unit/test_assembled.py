@@ -413,6 +413,49 @@ def test_a_names_field_that_is_not_one_list_is_not_read_as_the_names() -> None:
     asyncio.run(run())
 
 
+def test_the_request_form_is_assembled_and_its_names_field_checked_inside() -> None:
+    # get_partitions_by_names_req (Hive 3/4 engines): the names sit inside the request
+    # struct; sent twice there, the planned way decides.
+    from proxy.cache import partitions as parts
+    from proxy.wire.binary import MessageType, encode_header
+    from proxy.wire.fields import encode_string_list_field
+
+    method, path = "get_partitions_by_names_req", (1, 3)
+
+    def req(seqid: int, *days: str) -> bytes:
+        ask = idl.module().GetPartitionsByNamesRequest(
+            db_name=DB, tbl_name=T, names=[f"ds={d}" for d in days]
+        )
+        return idl.encode_call(method, seqid, req=ask)
+
+    def expected(r: Rig, request: bytes) -> bytes:
+        m = message(request)
+        return r.hms.answer(method, m.header.seqid, req=idl.decode_args(method, m.body).req)
+
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS[:8], v="1")
+            ask = Asked(r)
+            for seqid in (1, 2):  # planned, judged
+                await ask(req(seqid, *DAYS[:8]))
+            for request in (req(5, "d06", "d01", "d03"), req(6, "d07", "d00", "d07")):
+                reply, way = await ask(request)
+                assert way == "assembled"
+                assert reply == expected(r, request)
+            body = message(req(7, "d02")).body
+            found = parts.locate(body, path)
+            assert found is not None
+            again = encode_string_list_field(3, ["ds=d04"])  # (the decoders keep this one)
+            twice = body[: found[2]] + again + body[found[2] :]
+            twice = encode_header(method, MessageType.CALL, 7) + twice
+            assert idl.decode_args(method, message(twice).body).req.names == ["ds=d04"]
+            reply, way = await ask(twice)
+            assert way != "assembled"
+            assert reply == expected(r, twice)
+
+    asyncio.run(run())
+
+
 def test_a_request_with_an_absent_partition_is_assembled_every_time() -> None:
     # The planned way never keeps it whole (whether one is added later depends on a version
     # its refs do not name): the unplanned way answers it each time, and remembers nothing.
