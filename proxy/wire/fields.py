@@ -45,6 +45,8 @@ def skip_value(buf: bytes, pos: int, ttype: int, depth: int = 0) -> int:
     elif ttype in (TType.LIST, TType.SET):
         etype = buf[pos]
         (count,) = _I32.unpack_from(buf, pos + 1)
+        if count < 0:  # (as the message scanner and the HMS's own decoder refuse it)
+            raise ProtocolError(f"negative container size {count}")
         end = pos + 5
         if etype == TType.STRING:  # (names of partitions, hundreds of them: no call each)
             end = skip_strings(buf, end, count, len(buf))
@@ -54,6 +56,8 @@ def skip_value(buf: bytes, pos: int, ttype: int, depth: int = 0) -> int:
     elif ttype == TType.MAP:
         ktype, vtype = buf[pos], buf[pos + 1]
         (count,) = _I32.unpack_from(buf, pos + 2)
+        if count < 0:
+            raise ProtocolError(f"negative container size {count}")
         end = pos + 6
         for _ in range(count):
             end = skip_value(buf, end, ktype, depth + 1)
@@ -78,11 +82,12 @@ def py_read_strings(buf: bytes, pos: int, count: int, limit: int) -> list[bytes]
 
 
 def _walk_strings(buf: bytes, pos: int, count: int, limit: int, out: list[bytes] | None) -> int:
-    if count < 0:
-        raise ProtocolError(f"negative container size {count}")
+    # (The C twin's checks, in its order: its callers pass bytes and 32-bit counts.)
     limit = min(limit, len(buf))
     if pos < 0 or pos > limit:
         raise ProtocolError("a string list starts past its end")
+    if count < 0:
+        raise ProtocolError(f"negative container size {count}")
     unpack = _I32.unpack_from
     for _ in range(count):
         if pos + 4 > limit:

@@ -5,7 +5,9 @@ once anything a partition depends on changed. In process, against the scripted m
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -196,22 +198,69 @@ def test_nothing_is_assembled_at_once_after_a_change_to_what_it_depends_on(chang
 
 
 def test_what_the_planner_would_not_plan_per_partition_is_not_assembled() -> None:
+    from proxy.cache import partitions as parts
+    from proxy.wire.binary import MessageType, TType, encode_header
+
     async def run() -> None:
         async with rig() as r:
             r.hms.add_table(DB, T, *DAYS[:6], v="1")
             ask = Asked(r)
             await judged(ask)
             cases = {
-                "two spellings of one partition": ["ds=d01", "ds=%64%30%31"],
+                # Both parse to d01's values (the planner keys partitions by values): the
+                # HMS, partitioned by ds, returns d01 once.
+                "two spellings of one partition": ["ds=d01", "dt=d01"],
                 "a name not escaped as Hive escapes it": ["ds=%64%30%31", "ds=d02"],
                 "a name that does not parse": ["ds=d01", "DS=d02"],
                 "a partition never planned": ["ds=d01", "ds=d07"],
+                "no names": [],
             }
             for what, names in cases.items():
                 request = by_names(3, names=names)
                 reply, way = await ask(request)
                 assert way != "assembled", what
                 assert reply == hms_answer(r, request), what
+            # Names the decoders would not read as text: not UTF-8, or not strings at all.
+            body = message(by_names(4, "d01", "d02")).body
+            _, value, end = parts.locate(body, (3,)) or (0, 0, 0)
+            first = value + 1 + 4 + 4  # (element type, count, the first name's length)
+            not_utf8 = body[:first] + b"\xff" + body[first + 1 :]
+            as_i32s = body[:value] + bytes([TType.I32]) + struct.pack(">iii", 2, 1, 2) + body[end:]
+            for what, args in (("not UTF-8", not_utf8), ("not strings", as_i32s)):
+                request = encode_header("get_partitions_by_names", MessageType.CALL, 4) + args
+                found = whole_message(request, Transport.BUFFERED, 1 << 20)
+                assert found is not None
+                written: list[bytes] = []
+                assert r.handler.serve_hit_now(ask.session, found, written.append) is None, what
+
+    asyncio.run(run())
+
+
+def _item_of(r: Rig, day: str) -> Any:
+    assert r.cache is not None and r.cache.l1 is not None
+    tail = partition_field((day,))[2:]
+    (item,) = [i for k, i in r.cache.l1._items.items() if k.endswith(":" + tail)]
+    return item
+
+
+@pytest.mark.parametrize("clock", ["monotonic", "wall"])
+def test_one_expired_partition_among_current_ones_is_not_assembled(clock: str) -> None:
+    # Its in-process copy's time (monotonic), or the store's entry's (Unix time), is up.
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS[:6], v="1")
+            ask = Asked(r)
+            await judged(ask)
+            assert (await ask(by_names(3, "d01", "d02", "d03")))[1] == "assembled"
+            item = _item_of(r, "d02")
+            if clock == "monotonic":
+                item.expires_at = time.monotonic()
+            else:
+                item.entry = dataclasses.replace(item.entry, expires_at=time.time())
+            request = by_names(4, "d01", "d02", "d04")
+            reply, way = await ask(request)
+            assert way != "assembled"
+            assert reply == hms_answer(r, request)
 
     asyncio.run(run())
 

@@ -228,7 +228,7 @@ def _strings(items: list[bytes]) -> bytes:
         st.binary(max_size=60),  # anything
     ),
     st.integers(-2, 10),
-    st.integers(0, 70),
+    st.integers(-(2**31), 2**31 - 1) | st.integers(-2, 70),
     st.integers(-1, 70),
 )
 def test_both_string_list_walks_agree(data: bytes, pos: int, count: int, limit: int) -> None:
@@ -241,8 +241,8 @@ def test_both_string_list_walks_agree(data: bytes, pos: int, count: int, limit: 
     ):
         try:
             outcomes.append((read(data, pos, count, limit), skip(data, pos, count, limit)))
-        except ProtocolError:
-            outcomes.append(None)
+        except ProtocolError as exc:
+            outcomes.append(str(exc))
     assert outcomes[0] == outcomes[1]
 
 
@@ -265,3 +265,20 @@ def test_a_string_list_is_read_within_its_limit() -> None:
                 skip(data, 0, 3, short)
         with pytest.raises(ProtocolError, match="negative container size"):
             read(data, 0, -1, len(data))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"\x0f\x00\x01\x0b\xff\xff\xff\xfd",  # list<string> of -3
+        b"\x0f\x00\x01\x08\xff\xff\xff\xff",  # list<i32> of -1
+        b"\x0e\x00\x01\x0c\xff\xff\xff\xff",  # set<struct> of -1
+        b"\x0d\x00\x01\x0b\x0b\xff\xff\xff\xff",  # map<string,string> of -1
+    ],
+)
+def test_field_walks_refuse_negative_counts_as_the_scanner_does(value: bytes) -> None:
+    body = value + b"\x00"
+    with pytest.raises(ProtocolError, match="negative container size"):
+        fields.field_spans(body, 0)
+    with pytest.raises(ProtocolError, match="negative container size"):
+        binary.StructScanner(0, 200).scan(body, len(body))
