@@ -38,7 +38,6 @@ import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
 
 EPOCH = "epoch"
 DEFAULT_CATALOG = "hive"
@@ -212,7 +211,7 @@ def entry_tails(raws: list[bytes]) -> list[str | None]:
     A request names a hundred partitions, most of them named before: those are one loop in
     C over a plain dictionary (an ``lru_cache`` wraps each bytes key in a tuple and moves
     its links, memory that is cold by the time the next request comes)."""
-    tails = list(map(_TAILS.get, raws, repeat(_UNKNOWN)))
+    tails = list(map(_TAILS.get, raws, itertools.repeat(_UNKNOWN)))
     if _UNKNOWN in tails:
         for at, raw in enumerate(raws):
             if tails[at] is _UNKNOWN:
