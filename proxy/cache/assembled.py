@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import operator
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.cache import partitions as parts
 from proxy.cache.entry import ABSENT, Entry, Payload
-from proxy.cache.keys import Naming, TableRef, entry_tails
+from proxy.cache.keys import Naming, TableRef, entry_tail, known_tails
 from proxy.cache.plan import PartitionPlan
 from proxy.memo import BoundedMemo
 from proxy.wire.binary import MessageType, TType, encode_header
@@ -108,16 +109,27 @@ class Variants:
             return None
 
 
-def gather(variant: Variant, names: list[bytes]) -> tuple[list[bytes], list[str]] | None:
+def gather(
+    variant: Variant, names: list[bytes], held: Callable[[str], bool]
+) -> tuple[list[bytes], list[str]] | None:
     """The distinct names, and each one's partition entry key; ``None`` where the planner
     would not plan the request per partition (a name that is not UTF-8 or does not parse,
-    two spellings of one partition) and for no names at all."""
+    two spellings of one partition), for no names at all, and as soon as a name not seen
+    here before names a partition whose key is not ``held`` in process (a request of new
+    partitions is planned without parsing each name twice)."""
     distinct = list(dict.fromkeys(names))
-    tails = entry_tails(distinct)
-    if not tails or None in tails:
+    if not distinct:
         return None
+    tails = known_tails(distinct)
     prefix = variant.entries
-    keys = [prefix + tail for tail in tails]  # type: ignore[operator]  # (no None here)
+    if None in tails:
+        for at, tail in enumerate(tails):
+            if tail is None:
+                tail = entry_tail(distinct[at])
+                if tail is None or not held(prefix + tail):
+                    return None
+                tails[at] = tail
+    keys = [prefix + tail for tail in tails]  # type: ignore[operator]  # (no None left)
     if len(set(keys)) != len(keys):  # (one key: one partition's values)
         return None  # two spellings of one partition: the planner lets the HMS decide
     return distinct, keys

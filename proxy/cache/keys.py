@@ -202,26 +202,28 @@ def _parse(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 _remembered_parse = functools.lru_cache(maxsize=MEMO_NAMES)(_parse)  # errors are not kept
 
 
-def entry_tails(raws: list[bytes]) -> list[str | None]:
+def known_tails(raws: list[bytes]) -> list[str | None]:
     """Partition names as a request's bytes carry them -> each one's version field without
-    the ``p:`` (the tail of its entries' keys, see :meth:`Naming.partition_entries`), as
-    :func:`parse_partition_name` and :func:`partition_field` make it; ``None`` for a name
-    that is not UTF-8 or does not parse.
+    the ``p:`` (the tail of its entries' keys, see :meth:`Naming.partition_entries`), for
+    names :func:`entry_tail` worked out before; ``None`` for the others.
 
-    A request names a hundred partitions, most of them named before: those are one loop in
-    C over a plain dictionary (an ``lru_cache`` wraps each bytes key in a tuple and moves
-    its links, memory that is cold by the time the next request comes)."""
-    tails = list(map(_TAILS.get, raws, itertools.repeat(_UNKNOWN)))
-    if _UNKNOWN in tails:
-        for at, raw in enumerate(raws):
-            if tails[at] is _UNKNOWN:
-                tails[at] = tail = _tail_of(raw)
-                if len(raw) <= MEMO_LONGEST and tail is not None:  # (errors are not kept)
-                    if len(_TAILS) >= MEMO_NAMES:  # the older half goes
-                        for old in list(itertools.islice(_TAILS, MEMO_NAMES // 2)):
-                            del _TAILS[old]
-                    _TAILS[raw] = tail
-    return tails  # type: ignore[return-value]  # (no _UNKNOWN is left)
+    A request names a hundred partitions, most of them named before: one loop in C over a
+    plain dictionary (an ``lru_cache`` wraps each bytes key in a tuple and moves its links,
+    memory that is cold by the time the next request comes)."""
+    return list(map(_TAILS.get, raws))
+
+
+def entry_tail(raw: bytes) -> str | None:
+    """:func:`known_tails` of one name, worked out (and remembered, if the name is short):
+    as :func:`parse_partition_name` and :func:`partition_field` make it; ``None`` for a
+    name that is not UTF-8 or does not parse (not remembered)."""
+    tail = _tail_of(raw)
+    if len(raw) <= MEMO_LONGEST and tail is not None:
+        if len(_TAILS) >= MEMO_NAMES:  # the older half goes
+            for old in list(itertools.islice(_TAILS, MEMO_NAMES // 2)):
+                del _TAILS[old]
+        _TAILS[raw] = tail
+    return tail
 
 
 def _tail_of(raw: bytes) -> str | None:
@@ -232,8 +234,7 @@ def _tail_of(raw: bytes) -> str | None:
     return partition_field(values)[2:]
 
 
-_UNKNOWN = object()
-_TAILS: dict[bytes, object] = {}  # name -> tail, for names of at most MEMO_LONGEST bytes
+_TAILS: dict[bytes, str] = {}  # name -> tail, for names of at most MEMO_LONGEST bytes
 
 
 @dataclass(frozen=True, slots=True)

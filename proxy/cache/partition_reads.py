@@ -168,7 +168,7 @@ class PartitionReads:
         if known is None:
             return None
         variant, names = known
-        gathered = assembled.gather(variant, names)
+        gathered = assembled.gather(variant, names, l1.holds)
         if gathered is None:
             return None
         distinct, keys = gathered

@@ -265,6 +265,44 @@ def test_one_expired_partition_among_current_ones_is_not_assembled(clock: str) -
     asyncio.run(run())
 
 
+def test_a_request_of_partitions_not_in_process_is_planned_without_parsing_each_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its names are parsed by the planner; the assembled way stops at the first name new
+    # to it whose partition is not in process.
+    from proxy.cache import keys
+
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS, v="1")
+            ask = Asked(r)
+            await judged(ask)
+            parsed: list[bytes] = []
+            original = keys._tail_of
+
+            def counted(raw: bytes) -> str | None:
+                parsed.append(raw)
+                return original(raw)
+
+            monkeypatch.setattr(keys, "_tail_of", counted)
+            request = by_names(3, *DAYS[10:20])
+            reply, way = await ask(request)
+            assert way == "ordinary" and reply == hms_answer(r, request)
+            assert parsed == [b"ds=d10"]
+            # The first six remembered and current, d20-d29 new: d20 is parsed, no more.
+            request = by_names(4, *DAYS[:6], *DAYS[20:30])
+            reply, way = await ask(request)
+            assert way == "ordinary" and reply == hms_answer(r, request)
+            assert parsed == [b"ds=d10", b"ds=d20"]
+            # d10-d19 were filled (current since), d20-d29 too: now all assembled.
+            request = by_names(5, *DAYS[10:30])
+            reply, way = await ask(request)
+            assert way == "assembled" and reply == hms_answer(r, request)
+            assert len(parsed) == 2 + 9 + 9  # (each name once: then remembered)
+
+    asyncio.run(run())
+
+
 def test_another_users_request_is_not_assembled_from_a_per_user_cache() -> None:
     async def run() -> None:
         async with rig() as r:

@@ -167,9 +167,7 @@ def test_partition_name_memos_keep_only_short_names() -> None:
     assert keys._remembered_field.cache_info().currsize == fields
     assert keys._remembered_parse.cache_info().currsize == parses
     assert keys._remembered_table_tag.cache_info().currsize == tags
-    assert keys.entry_tails([f"ds={long_value}".encode()]) == [
-        keys.partition_field([long_value])[2:]
-    ]
+    assert keys.entry_tail(f"ds={long_value}".encode()) == keys.partition_field([long_value])[2:]
     assert len(keys._TAILS) == names
     keys.partition_field(["2024-01-01"])
     assert keys._remembered_field.cache_info().currsize <= keys.MEMO_NAMES
@@ -185,9 +183,10 @@ def test_the_names_memo_stays_within_its_count_and_keeps_no_errors(
     names = [f"ds={i}".encode() for i in range(20)]
     for at in range(0, 20, 3):
         chunk = names[at : at + 3]
-        tails = keys.entry_tails([*chunk, b"not a name", b"ds=\xff"])
+        tails = [keys.entry_tail(raw) for raw in [*chunk, b"not a name", b"ds=\xff"]]
         assert tails[-2:] == [None, None]
         assert tails[:-2] == [keys.partition_field([n.decode()[3:]])[2:] for n in chunk]
+        assert keys.known_tails(chunk) == tails[:-2]
         assert len(keys._TAILS) <= 8
     assert b"not a name" not in keys._TAILS
     assert names[19] in keys._TAILS and names[0] not in keys._TAILS  # the older went
