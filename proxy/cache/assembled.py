@@ -27,7 +27,6 @@ from then on it is one entry.
 
 from __future__ import annotations
 
-import operator
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from proxy.cache.entry import ABSENT, Entry, Payload
 from proxy.cache.keys import Naming, TableRef, entry_tail, known_tails
 from proxy.cache.plan import PartitionPlan
 from proxy.memo import BoundedMemo
-from proxy.wire.binary import MessageType, TType, encode_header
+from proxy.wire.binary import TType
 from proxy.wire.errors import ProtocolError
 from proxy.wire.fields import only_field, read_strings
 
@@ -88,19 +87,18 @@ class Variants:
         try:
             # The names field, the only one of its id (of a field sent twice the decoders
             # keep the last one): else the planned way decides.
-            if len(path) == 1:
-                found = only_field(args, path[0])
-            else:
-                found = parts.locate(args, path)
-                if found is not None and parts.locate(args[: found[0]] + args[found[2] :], path):
-                    return None
+            nested = len(path) > 1
+            found = parts.locate(args, path) if nested else only_field(args, path[0])
             if found is None:
                 return None
             start, value, end = found
             # A list of strings (a set is skipped by the decoders).
             if args[start] != TType.LIST or args[value] != TType.STRING:
                 return None
-            variant = self.memo.get((method, args[:start] + args[end:], who))
+            other = args[:start] + args[end:]
+            if nested and parts.locate(other, path):
+                return None
+            variant = self.memo.get((method, other, who))
             if variant is None:
                 return None
             (count,) = _I32.unpack_from(args, value + 1)
@@ -139,14 +137,3 @@ def present(names: list[bytes], entries: list[Entry]) -> list[tuple[bytes, Paylo
     """Each name with its partition's bytes, for the partitions the metastore has."""
     pairs = zip(names, entries, strict=True)
     return [(name, entry.payload) for name, entry in pairs if not entry.flags & ABSENT]
-
-
-def reply_of(method: str, seqid: int, found: list[tuple[bytes, Payload]]) -> bytes:
-    """The HMS's reply for these partitions, in name order (see :mod:`.partitions`; UTF-8
-    keeps the order of the code points it encodes, which is how names compare)."""
-    found.sort(key=_first)
-    head = encode_header(method, MessageType.REPLY, seqid)
-    return parts.assemble(method, [data for _, data in found], head)
-
-
-_first = operator.itemgetter(0)

@@ -168,13 +168,9 @@ class CacheEngine:
         self._plans.put(memo, plan, plan.approx_size() if plan is not None else 0)
         if plan is not None and plan.partitions is not None:
             self.partitions.variants.learn(
-                spec.name, message.body, self._who(identity), plan.partitions
+                spec.name, message.body, self.planner.who(identity), plan.partitions
             )
         return plan
-
-    def _who(self, identity: bytes | None) -> bytes:
-        """The user as the planner takes it (see Planner.read)."""
-        return (identity or b"anonymous") if self.planner.per_user else b""
 
     def plan_write(self, spec: MethodSpec, message: Message) -> WritePlan:
         """What a write invalidates. Arguments are decoded only where they name something (a
@@ -237,7 +233,7 @@ class CacheEngine:
         if not spec.per_partition or not self.partitions.assemble:
             return None
         return self.partitions.assembled_now(
-            spec.name, message.body, self._who(identity), message.header.seqid, largest
+            spec.name, message.body, self.planner.who(identity), message.header.seqid, largest
         )
 
     def repeated_hit(

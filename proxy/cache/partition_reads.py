@@ -180,7 +180,7 @@ class PartitionReads:
         key = self.naming.entry(variant.tag, method, args, who)  # the request's, as planned
         if whole and (key in self.assembled_once or l1.holds(key)):
             return None  # asked before: the planned way keeps it whole (_keep_whole), or has
-        reply = assembled.reply_of(method, seqid, found)
+        reply = parts.reply(method, seqid, found)
         if len(reply) > largest:
             return None
         if whole:
@@ -430,11 +430,10 @@ class PartitionReads:
         """The reply the HMS sends for these partitions: those it has, in name order."""
         pp = plan.partitions
         assert pp is not None
-        present = sorted(
+        present = [
             (n, data) for n, v in zip(pp.names, pp.values, strict=True) if (data := known.get(v))
-        )
-        head = encode_header(plan.method, MessageType.REPLY, seqid)
-        return parts.assemble(plan.method, [data for _, data in present], head)
+        ]
+        return parts.reply(plan.method, seqid, present)
 
 
 def _with_epoch(

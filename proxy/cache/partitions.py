@@ -12,12 +12,13 @@ collation).
 
 from __future__ import annotations
 
+import operator
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy import idl
-from proxy.wire.binary import StructScanner, TType
+from proxy.wire.binary import MessageType, StructScanner, TType, encode_header
 from proxy.wire.errors import ProtocolError
 from proxy.wire.fields import encode_string_list_field, field_spans, find
 
@@ -143,6 +144,20 @@ def partition_values(part: bytes) -> tuple[str, ...]:
     # Not written values-first: decode the struct properly.
     decoded = idl.decode(idl.module().Partition, part)
     return tuple(decoded.values or ())
+
+
+def reply(
+    method: str, seqid: int, named: Sequence[tuple[str | bytes, bytes | memoryview]]
+) -> bytes:
+    """The HMS's reply message for these partitions, each given with its name: in name
+    order, as the HMS sends them (names given as UTF-8 bytes sort as their text does: UTF-8
+    keeps the order of the code points it encodes)."""
+    ordered = sorted(named, key=_first)
+    head = encode_header(method, MessageType.REPLY, seqid)
+    return assemble(method, [data for _, data in ordered], head)
+
+
+_first = operator.itemgetter(0)
 
 
 def assemble(method: str, partitions: Sequence[bytes | memoryview], head: bytes = b"") -> bytes:

@@ -244,6 +244,11 @@ class Planner:
         self.ttls = ttls
         self.per_user = per_user
 
+    def who(self, identity: bytes | None) -> bytes:
+        """The user a read's entries are kept for: the caller's, when the cache is per
+        user; nobody's otherwise."""
+        return (identity or b"anonymous") if self.per_user else b""
+
     # -- reads -----------------------------------------------------------------------------
 
     def read(
@@ -263,7 +268,7 @@ class Planner:
             refs.append(VersionRef(key, name))
 
         scope = spec.scope
-        who = (identity or b"anonymous") if self.per_user else b""
+        who = self.who(identity)
         primary = CATALOG_TAG
         table: TableRef | None = None
         partition_plan: PartitionPlan | None = None
