@@ -14,6 +14,7 @@ from typing import Any
 
 from proxy import idl
 from proxy.cache.engine import CacheEngine
+from proxy.cache.plan import Planner, Ttls
 from proxy.cache.store import MemoryStore
 from proxy.config import Options, load
 from proxy.handler import CallHandler, SessionState
@@ -21,7 +22,7 @@ from proxy.metrics import Metrics
 from proxy.upstream import UpstreamPool
 from proxy.wire.framing import Message, MessageReader, Transport
 from tests.unit.scripted_hms import ScriptedHMS, split_messages
-from tests.unit.test_cache_core import PLANNER
+from tests.unit.test_cache_core import NAMING, PLANNER
 
 
 class Client:
@@ -115,11 +116,13 @@ async def rig(
     store: MemoryStore | None = None,
     stale_window: float = 0.0,
     removed: tuple[str, ...] = (),
+    per_user: bool = False,
     **values: Any,
 ) -> AsyncIterator[Rig]:
     """Everything from the handler down to a scripted metastore, closed afterwards;
     ``values`` are options (``upstream_max_connections=1``); ``removed``: methods the
-    metastore answers ``UNKNOWN_METHOD`` (HMS 4.0.1's ``get_table``)."""
+    metastore answers ``UNKNOWN_METHOD`` (HMS 4.0.1's ``get_table``); ``per_user``: a
+    cache kept per user (``--cache-per-user``)."""
     opts = options(**values)
     metrics = Metrics()
     hms = ScriptedHMS(framed=opts.upstream_transport is Transport.FRAMED, removed=removed)
@@ -129,7 +132,7 @@ async def rig(
     if cache:
         engine = CacheEngine(
             store,
-            PLANNER,
+            Planner(NAMING, Ttls(), per_user=True) if per_user else PLANNER,
             metrics,
             l1_bytes=1 << 24,
             max_entry_bytes=opts.cache_max_entry_bytes,

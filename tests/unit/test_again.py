@@ -16,13 +16,11 @@ import pytest
 from proxy import idl
 from proxy.cache import locks
 from proxy.cache.keys import Bump, TableRef
-from proxy.cache.plan import Planner, Ttls
 from proxy.cache.ready import Ready
 from proxy.handler import CallHandler
 from proxy.server import ThriftServer
 from tests.rig.raw import seqid_of
 from tests.unit.inprocess import Rig, rig
-from tests.unit.test_cache_core import NAMING
 from tests.unit.test_server_shortcut import DB, Client, Counted, T, connect, get_table, listening
 
 
@@ -116,10 +114,11 @@ async def _bump(r: Rig) -> None:
     await r.store.bump([Bump(key, "table", "table")])
 
 
-async def _lock(r: Rig) -> None:
+async def _lock(r: Rig, field: str = "table") -> None:
+    """An exclusive lock on the table, fencing its versions' ``field``."""
     assert r.cache is not None
     key = r.cache.naming.versions(TableRef.of(DB, T).tag)
-    await r.store.mark([(key, locks.LOCK_PREFIX + "x:table")], time.time() + 60)
+    await r.store.mark([(key, locks.LOCK_PREFIX + "x:" + field)], time.time() + 60)
 
 
 async def _flush(r: Rig) -> None:
@@ -188,9 +187,7 @@ def test_a_call_that_takes_another_way_ends_it() -> None:
     # whose cache a per-user deployment reads, setMetaConf a connection to the metastore of
     # its own, which reads no cache at all. Either ends what is answered again.
     async def run() -> None:
-        async with a_connection() as (r, _, looked_up, client):
-            assert r.cache is not None
-            r.cache.planner = Planner(NAMING, Ttls(), per_user=True)
+        async with a_connection(per_user=True) as (r, _, looked_up, client):
             await client.call(idl.encode_call("set_ugi", 1, user_name="alice", group_names=[]))
             for seqid in (2, 3, 4):
                 assert await client.call(get_table(seqid)) == answer(r, seqid)

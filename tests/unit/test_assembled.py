@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import random
 import struct
 import time
@@ -15,16 +16,13 @@ from typing import Any
 import pytest
 
 from proxy import catalog, idl
-from proxy.cache import locks
 from proxy.cache.keys import Bump, TableRef, partition_field
-from proxy.cache.plan import Planner, Ttls
 from proxy.cache.store import MemoryStore
 from proxy.handler import SessionState
 from proxy.wire.framing import Transport, whole_message
 from tests.unit.inprocess import Client, Rig, message, rig
 from tests.unit.scripted_hms import partition
-from tests.unit.test_again import _flush, _pending, _untrusted
-from tests.unit.test_cache_core import NAMING
+from tests.unit.test_again import _flush, _lock, _pending, _untrusted
 
 DB, T = "db", "t"
 DAYS = [f"d{i:02d}" for i in range(30)]
@@ -147,19 +145,17 @@ async def _drop_one(r: Rig) -> None:
     await _write(r, "drop_partition", db_name=DB, tbl_name=T, part_vals=["d02"], deleteData=True)
 
 
-async def _lock(r: Rig) -> None:
-    assert r.cache is not None
-    key = r.cache.naming.versions(TableRef.of(DB, T).tag)
-    await r.store.mark([(key, locks.LOCK_PREFIX + "x:partitions")], time.time() + 60)
+def _key_of(r: Rig, day: str) -> str:
+    """The key of ``day``'s partition's in-process copy."""
+    assert r.cache is not None and r.cache.l1 is not None
+    tail = partition_field((day,))[2:]
+    (key,) = [k for k in r.cache.l1._items if k.endswith(":" + tail)]
+    return key
 
 
 async def _evicted(r: Rig) -> None:
     assert r.cache is not None
-    spec = catalog.lookup("get_partitions_by_names")
-    assert spec is not None
-    plan = r.cache.plan_read(spec, message(by_names(9, "d02")), None)
-    assert plan is not None and plan.partitions is not None
-    r.cache.l1.pop(plan.partitions.entry_keys[0])  # d02's copy
+    r.cache.l1.pop(_key_of(r, "d02"))
 
 
 async def _expired(r: Rig) -> None:
@@ -171,7 +167,7 @@ async def _expired(r: Rig) -> None:
 CHANGES: dict[str, Callable[[Rig], Awaitable[None]]] = {
     "a partition altered": _alter_one,
     "a partition dropped": _drop_one,
-    "a lock": _lock,
+    "a lock": functools.partial(_lock, field="partitions"),
     "a flush": _flush,
     "a partition's copy evicted": _evicted,
     "the copies expired": _expired,
@@ -236,13 +232,6 @@ def test_what_the_planner_would_not_plan_per_partition_is_not_assembled() -> Non
     asyncio.run(run())
 
 
-def _item_of(r: Rig, day: str) -> Any:
-    assert r.cache is not None and r.cache.l1 is not None
-    tail = partition_field((day,))[2:]
-    (item,) = [i for k, i in r.cache.l1._items.items() if k.endswith(":" + tail)]
-    return item
-
-
 @pytest.mark.parametrize("clock", ["monotonic", "wall"])
 def test_one_expired_partition_among_current_ones_is_not_assembled(clock: str) -> None:
     # Its in-process copy's time (monotonic), or the store's entry's (Unix time), is up.
@@ -252,7 +241,8 @@ def test_one_expired_partition_among_current_ones_is_not_assembled(clock: str) -
             ask = Asked(r)
             await judged(ask)
             assert (await ask(by_names(3, "d01", "d02", "d03")))[1] == "assembled"
-            item = _item_of(r, "d02")
+            assert r.cache is not None and r.cache.l1 is not None
+            item = r.cache.l1._items[_key_of(r, "d02")]
             if clock == "monotonic":
                 item.expires_at = time.monotonic()
             else:
@@ -307,9 +297,7 @@ def test_a_request_of_partitions_not_in_process_is_planned_without_parsing_each_
 
 def test_another_users_request_is_not_assembled_from_a_per_user_cache() -> None:
     async def run() -> None:
-        async with rig() as r:
-            assert r.cache is not None
-            r.cache.planner = Planner(NAMING, Ttls(), per_user=True)
+        async with rig(per_user=True) as r:
             r.hms.add_table(DB, T, *DAYS[:6], v="1")
             alice = Asked(r, SessionState("a", user="alice"))
             await alice(by_names(1, *DAYS[:6]))

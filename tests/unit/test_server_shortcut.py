@@ -17,7 +17,6 @@ import pytest
 from proxy import catalog, idl
 from proxy.cache import locks
 from proxy.cache.keys import Bump, TableRef, partition_field
-from proxy.cache.plan import Planner, Ttls
 from proxy.cache.ready import Ready
 from proxy.cache.store import MemoryStore
 from proxy.handler import SessionState
@@ -29,7 +28,6 @@ from tests.unit.inprocess import Client as Channel
 from tests.unit.inprocess import Rig, rig
 from tests.unit.inprocess import message as message_of
 from tests.unit.scripted_hms import Slow, message_length, table, until
-from tests.unit.test_cache_core import NAMING
 
 DB, T = "db", "t"
 
@@ -304,9 +302,7 @@ def test_a_hit_judged_once_is_judged_again_after_any_change_to_what_it_depends_o
 
 def test_a_repeated_call_is_known_by_its_bytes_and_per_user_caches_keep_users_apart() -> None:
     async def run() -> None:
-        async with rig() as r:
-            assert r.cache is not None
-            r.cache.planner = Planner(NAMING, Ttls(), per_user=True)
+        async with rig(per_user=True) as r:
             r.hms.add_table(DB, T, v="1")
             alice, bob = SessionState("a", user="alice"), SessionState("b", user="bob")
             await r.call(alice, "get_table", 1, dbname=DB, tbl_name=T)  # alice's entry
