@@ -12,10 +12,14 @@ so any change since has moved it):
 1. The request's arguments but the names list are looked up among the variants planned
    before (:class:`Variant`: the table, and where its partitions' entries are kept for those
    arguments and that user), so the request's other arguments are never decoded.
-2. The names are read from the bytes; each is parsed (a memo) to its values, version field
-   and entry key, as the planner does.
-3. Each entry's in-process copy must be there, stamped with today's generation, unexpired.
-   Then the reply is the HMS's: the partitions it has, in name order.
+2. The names are read from the bytes. Each name asked of the variant before is remembered
+   with its partition's item in process (weakly: ``Variant.found``); any other is parsed (a
+   memo) to its version field and entry key, as the planner does, and its item found by
+   that key.
+3. Each item must be held, stamped with today's generation, unexpired, and named once
+   (:meth:`.l1.L1.judged_items`; an item L1 let go or replaced is retired, its stamp never
+   current again, so a remembered one that fails is looked up once more by key). Then the
+   reply is the HMS's: the partitions it has, in name order.
 
 Anything else takes the planned way, which decides again: a name never planned for this
 variant, an entry not in process or not judged since a change, two spellings of one
@@ -27,13 +31,17 @@ from then on it is one entry.
 
 from __future__ import annotations
 
+import itertools
+import operator
 import struct
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from proxy.cache import partitions as parts
-from proxy.cache.entry import ABSENT, Entry, Payload
-from proxy.cache.keys import Naming, TableRef, entry_tail, known_tails
+from proxy.cache.entry import ABSENT, Payload
+from proxy.cache.keys import MEMO_LONGEST, Naming, TableRef, entry_tail
+from proxy.cache.l1 import Item
 from proxy.cache.plan import PartitionPlan
 from proxy.memo import BoundedMemo
 from proxy.wire.binary import TType
@@ -47,6 +55,23 @@ _I32 = struct.Struct(">i")
 VARIANT_ARGS = 1024
 VARIANT_ENTRIES = 8192
 VARIANT_BYTES = 4 << 20
+# Names remembered with their partitions' items, over all variants (a name's bytes, a
+# weak reference and a dictionary slot: about this many bytes each); past this, every
+# variant forgets its names.
+FOUND_NAMES = 65536
+FOUND_NAME_BYTES = 200
+
+# A reference's item, or None: of a reference that is gone, and of _GONE (what a name not
+# remembered is taken to have).
+_alive: Callable[[weakref.ref[Item]], Item | None] = operator.call
+
+
+class _Gone:
+    pass
+
+
+_GONE: weakref.ref[Item] = weakref.ref(_Gone())  # type: ignore[arg-type]  # (dead at once)
+_entry = operator.attrgetter("entry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +81,10 @@ class Variant:
     table: TableRef
     tag: str
     entries: str  # what every partition entry's key starts with (Naming.partition_entries)
+    # Names asked with these arguments -> their partition's item in process, as last found
+    # (Variants.items): the next request naming them needs no key made or looked up.
+    # Weak: an item L1 let go is not kept alive here.
+    found: dict[bytes, weakref.ref[Item]] = field(default_factory=dict, compare=False)
 
 
 class Variants:
@@ -68,6 +97,9 @@ class Variants:
         self.memo: BoundedMemo[tuple[str, bytes, bytes], Variant] = BoundedMemo(
             VARIANT_ENTRIES, VARIANT_BYTES
         )
+        # Names remembered in the variants' ``found`` (an upper bound: a variant the memo
+        # let go took its names with it).
+        self.found_names = 0
 
     def learn(self, method: str, args: bytes, who: bytes, pp: PartitionPlan) -> None:
         """A plan made for these arguments (``who``: as the planner took it)."""
@@ -75,9 +107,58 @@ class Variants:
         if other is None or len(other) > VARIANT_ARGS:
             return
         self.names_paths[method] = pp.names_path
+        key = (method, other, who)
         variant = Variant(pp.table, pp.tag, self.naming.partition_entries(pp.tag, pp.variant))
+        if self.memo.get(key) == variant:  # (compared but for its names: kept with them)
+            return
         size = len(other) + len(who) + len(variant.entries) + 2 * len(variant.tag) + 300
-        self.memo.put((method, other, who), variant, size)
+        self.memo.put(key, variant, size)
+
+    def items(
+        self,
+        variant: Variant,
+        names: list[bytes],
+        peek: Callable[[str], Item | None],
+        *,
+        afresh: bool = False,
+    ) -> list[Item] | None:
+        """Each name's partition item in process: as remembered with the name (alive, but
+        perhaps let go or kept anew since: judging it tells), else found by its entry key
+        (``peek``) and remembered; every one by its key if ``afresh``. ``None`` where the
+        planner would not plan the request per partition (a name that is not UTF-8 or does
+        not parse), for no names, and as soon as a name's partition is not held (a name new
+        to the names memo is parsed only while the partitions before it are held: a
+        request of partitions not in process is planned without parsing each name twice)."""
+        if not names:
+            return None
+        found = variant.found
+        if afresh:
+            items: list[Item | None] = [None] * len(names)
+        else:
+            items = list(map(_alive, map(found.get, names, itertools.repeat(_GONE))))
+            if all(items):  # (not ``None in``: that compares each item with None)
+                return items  # type: ignore[return-value]  # (no None left)
+        if self.found_names + len(names) > FOUND_NAMES:
+            self.forget_names()
+        prefix = variant.entries
+        for at, item in enumerate(items):
+            if item is None:
+                name = names[at]
+                tail = entry_tail(name)
+                if tail is None:
+                    return None
+                item = items[at] = peek(prefix + tail)
+                if item is None:
+                    return None
+                if len(name) <= MEMO_LONGEST:
+                    self.found_names += name not in found
+                    found[name] = weakref.ref(item)
+        return items  # type: ignore[return-value]  # (no None left)
+
+    def forget_names(self) -> None:
+        for variant in self.memo.values():
+            variant.found.clear()
+        self.found_names = 0
 
     def of(self, method: str, args: bytes, who: bytes) -> tuple[Variant, list[bytes]] | None:
         """The variant of a request and its names, as sent; ``None``: not known."""
@@ -107,33 +188,7 @@ class Variants:
             return None
 
 
-def gather(
-    variant: Variant, names: list[bytes], held: Callable[[str], bool]
-) -> tuple[list[bytes], list[str]] | None:
-    """The distinct names, and each one's partition entry key; ``None`` where the planner
-    would not plan the request per partition (a name that is not UTF-8 or does not parse,
-    two spellings of one partition), for no names at all, and as soon as a name not seen
-    here before names a partition whose key is not ``held`` in process (a request of new
-    partitions is planned without parsing each name twice)."""
-    distinct = list(dict.fromkeys(names))
-    if not distinct:
-        return None
-    tails = known_tails(distinct)
-    prefix = variant.entries
-    if None in tails:
-        for at, tail in enumerate(tails):
-            if tail is None:
-                tail = entry_tail(distinct[at])
-                if tail is None or not held(prefix + tail):
-                    return None
-                tails[at] = tail
-    keys = [prefix + tail for tail in tails]  # type: ignore[operator]  # (no None left)
-    if len(set(keys)) != len(keys):  # (one key: one partition's values)
-        return None  # two spellings of one partition: the planner lets the HMS decide
-    return distinct, keys
-
-
-def present(names: list[bytes], entries: list[Entry]) -> list[tuple[bytes, Payload]]:
+def present(names: list[bytes], items: list[Item]) -> list[tuple[bytes, Payload]]:
     """Each name with its partition's bytes, for the partitions the metastore has."""
-    pairs = zip(names, entries, strict=True)
+    pairs = zip(names, map(_entry, items), strict=True)
     return [(name, entry.payload) for name, entry in pairs if not entry.flags & ABSENT]

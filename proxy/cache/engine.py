@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from proxy import idl
+from proxy.cache import assembled
 from proxy.cache.decide import Result, Verdict, fingerprints_footprint
 from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.fences import LockFences
@@ -259,16 +260,27 @@ class CacheEngine:
         """What the engine keeps in process, by name, for /metrics (hmsproxy_memo_bytes)."""
         return {
             "cache": lambda: self.footprint()[:2],
-            "plans": footprint_of(
-                self._plans,
-                self._repeats,
-                self.partitions.assembled_once,
-                self.partitions.variants.memo,
-            ),
+            "plans": self._plans_footprint(),
             "dictionaries": self.dictionaries.footprint(),
             "lock_fences": self.locks.footprint(),
             "fingerprints": fingerprints_footprint,
         }
+
+    def _plans_footprint(self) -> Footprint:
+        memos = footprint_of(
+            self._plans,
+            self._repeats,
+            self.partitions.assembled_once,
+            self.partitions.variants.memo,
+        )
+        variants = self.partitions.variants
+
+        def plans() -> tuple[int, int]:
+            entries, size = memos()
+            names = variants.found_names  # (with the variants' items, see assembled)
+            return entries + names, size + names * assembled.FOUND_NAME_BYTES
+
+        return plans
 
     def footprint(self) -> tuple[int, int, str]:
         """(entries, bytes, kind) held in this process: the embedded cache, or Redis's front."""

@@ -214,9 +214,12 @@ def known_tails(raws: list[bytes]) -> list[str | None]:
 
 
 def entry_tail(raw: bytes) -> str | None:
-    """:func:`known_tails` of one name, worked out (and remembered, if the name is short):
-    as :func:`parse_partition_name` and :func:`partition_field` make it; ``None`` for a
-    name that is not UTF-8 or does not parse (not remembered)."""
+    """:func:`known_tails` of one name, known or worked out (and remembered, if the name is
+    short): as :func:`parse_partition_name` and :func:`partition_field` make it; ``None``
+    for a name that is not UTF-8 or does not parse (not remembered)."""
+    tail = _TAILS.get(raw)
+    if tail is not None:
+        return tail
     tail = _tail_of(raw)
     if len(raw) <= MEMO_LONGEST and tail is not None:
         if len(_TAILS) >= MEMO_NAMES:  # the older half goes

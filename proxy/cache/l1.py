@@ -7,10 +7,11 @@ see :mod:`.mirror`), and only until the time the store's entry had left to live.
 
 from __future__ import annotations
 
+import itertools
 import operator
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,25 +23,45 @@ if TYPE_CHECKING:
 _stamp = operator.attrgetter("current_under")
 _expires = operator.attrgetter("expires_at")
 _entry_expires = operator.attrgetter("entry.expires_at")
-_entry = operator.attrgetter("entry")
+_USED = itertools.repeat("used")
+_TRUE = itertools.repeat(True)
+
+# Item.current_under of an item no longer held: never stamped again (see Item.stamp), so
+# a stamp that stands says the item is held.
+RETIRED = -2
 
 # What an entry costs beyond its key and payload (the Entry, the Item, the dict slot).
 OVERHEAD_BYTES = 250
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False, weakref_slot=True)
 class Item:
+    """An entry held, with what is kept beside it. Compared by identity (a request's
+    partitions are told apart by their items, see :meth:`L1.judged_items`), and weakly
+    referable (memos of items must not keep one alive that L1 let go)."""
+
+    key: str
     entry: Entry
     expires_at: float  # monotonic
     size: int
     # Its hits' judgement (see WholeReads.judged_now): retired when the item goes.
     ready: Ready | None = None
     # A partition's copy: the store's version generation under which it was last judged
-    # current (see PartitionReads.lookup and .assembled); -1: not since it was kept.
+    # current (see PartitionReads.lookup and .assembled); -1: not since it was kept;
+    # RETIRED: no longer held.
     current_under: int = -1
+    # Used by a hit that did not move it in LRU order (see judged_items): L1._evict gives
+    # it a second chance.
+    used: bool = False
+
+    def stamp(self, generation: int) -> None:
+        """Judged current under ``generation`` (if still held: a read that looked the item
+        up before an await may judge it after L1 let it go)."""
+        if self.current_under != RETIRED:
+            self.current_under = generation
 
     def retire(self) -> None:
-        self.current_under = -1
+        self.current_under = RETIRED
         if self.ready is not None:
             self.ready.retire()
 
@@ -80,24 +101,28 @@ class L1:
             out[key] = item
         return out
 
-    def judged_all(
-        self, keys: Sequence[str], generation: int, now: float, wall: float
-    ) -> list[Entry] | None:
-        """The entry of each of ``keys``, in order, if every one is held, unexpired (``now``
-        monotonic, ``wall`` Unix time) and was judged current under ``generation``
-        (``Item.current_under``); ``None`` if any is not, nothing touched then."""
+    def peek(self, key: str) -> Item | None:
+        """The item held for ``key``, expired or not, its place in LRU order unchanged."""
+        return self._items.get(key)
+
+    def judged_items(self, items: list[Item], generation: int, now: float, wall: float) -> bool:
+        """Whether ``items`` are distinct, every one held, unexpired (``now`` monotonic,
+        ``wall`` Unix time) and judged current under ``generation`` (``Item.current_under``;
+        a stamp that stands says the item is held); if so, they are used (LRU order)."""
         # A request's hundred partitions: each test one loop in C (map), not a Python
         # iteration per partition with its attribute look-ups.
-        found = list(map(self._items.get, keys))
         if (
-            not all(found)  # (not ``None in``: that compares each item with None)
-            or set(map(_stamp, found)) != {generation}
-            or min(map(_expires, found)) <= now
-            or min(map(_entry_expires, found)) <= wall
+            not items
+            or set(map(_stamp, items)) != {generation}
+            or len(set(items)) != len(items)  # (two names of one partition)
+            or min(map(_expires, items)) <= now
+            or min(map(_entry_expires, items)) <= wall
         ):
-            return None
-        deque(map(self._items.move_to_end, keys), maxlen=0)
-        return list(map(_entry, found))
+            return False
+        # Marked used rather than moved to the end: a hundred OrderedDict moves touch as
+        # much cold memory as the rest of the test (see _evict).
+        deque(map(setattr, items, _USED, _TRUE), maxlen=0)
+        return True
 
     def charge(self, item: Item, size: int) -> None:
         """``item`` keeps ``size`` bytes more (what its hits prepared): counted against the
@@ -122,15 +147,25 @@ class L1:
         if size > self.max_bytes // 4 or ttl <= 0:
             return  # one entry never pushes out most of the others
         self.pop(key)
-        self._items[key] = Item(entry, time.monotonic() + ttl, size, current_under=current_under)
+        item = Item(key, entry, time.monotonic() + ttl, size, current_under=current_under)
+        self._items[key] = item
         self.bytes += size
         self._evict()
 
     def _evict(self) -> None:
         """The least recently used go while the budget is exceeded (never the newest: an
-        item is at most a quarter of the budget when kept)."""
-        while self.bytes > self.max_bytes and len(self._items) > 1:
-            _, old = self._items.popitem(last=False)
+        item is at most a quarter of the budget when kept). An item marked used since it
+        was last moved is moved to the end instead, unmarked (a second chance, as the CLOCK
+        algorithm gives), and so is the newest: the others are each moved at most once, so
+        this ends."""
+        items = self._items
+        newest = next(reversed(items), None)
+        while self.bytes > self.max_bytes and len(items) > 1:
+            key, old = items.popitem(last=False)
+            if old.used or key == newest:
+                old.used = False
+                items[key] = old
+                continue
             self.bytes -= old.size
             old.retire()
 

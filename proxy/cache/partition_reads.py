@@ -168,15 +168,21 @@ class PartitionReads:
         if known is None:
             return None
         variant, names = known
-        gathered = assembled.gather(variant, names, l1.holds)
-        if gathered is None:
+        now, wall = time.monotonic(), time.time()
+        # The items the names had last time, else found by their keys; if those are not
+        # all current, or one is named twice, once more by the keys of the names
+        # without repeats (a partition kept again since is another item: the old one is
+        # retired, so never judged current).
+        items = self.variants.items(variant, names, l1.peek)
+        if items is None:
             return None
-        distinct, keys = gathered
-        entries = l1.judged_all(keys, generation, time.monotonic(), time.time())
-        if entries is None:
-            return None
-        found = assembled.present(distinct, entries)
-        whole = len(found) == len(entries)  # (one absent: never kept whole, see _keep_whole)
+        if not l1.judged_items(items, generation, now, wall):
+            names = list(dict.fromkeys(names))  # (a name asked twice: one partition, once)
+            items = self.variants.items(variant, names, l1.peek, afresh=True)
+            if items is None or not l1.judged_items(items, generation, now, wall):
+                return None
+        found = assembled.present(names, items)
+        whole = len(found) == len(items)  # (one absent: never kept whole, see _keep_whole)
         key = self.naming.entry(variant.tag, method, args, who)  # the request's, as planned
         if whole and (key in self.assembled_once or l1.holds(key)):
             return None  # asked before: the planned way keeps it whole (_keep_whole), or has
@@ -190,7 +196,7 @@ class PartitionReads:
         self.metrics.cache_lookups.labels(label, Result.HIT.value).inc()
         if self.seen is not None:
             self.seen.looked_up(variant.table, True)
-        self.metrics.cache_partitions.labels("hit").inc(len(keys))
+        self.metrics.cache_partitions.labels("hit").inc(len(items))
         self.metrics.cache_partitions.labels("miss").inc(0)
         return reply
 
@@ -278,7 +284,7 @@ class PartitionReads:
             if not current_entry:
                 continue
             if item is not None and generation is not None:
-                item.current_under = generation
+                item.stamp(generation)
             out.known[values] = payload
             out.expires_at = min(out.expires_at, entry.expires_at)
             out.absent = out.absent or payload is None

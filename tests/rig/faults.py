@@ -93,6 +93,9 @@ class FaultyRelay:
         except OSError:
             writer.close()
             return
+        except BaseException:  # cancelled by stop: else the accepted socket is left open,
+            writer.close()  # and warned about (ResourceWarning) in whichever test runs then
+            raise
         self._live[cid] = (writer, up_writer)
         try:
             await asyncio.gather(

@@ -105,8 +105,9 @@ class Hms401:
         self._loop.close()
 
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self._writers.add(client_w)  # (closed by __exit__ even while this connects)
         hms_r, hms_w = await asyncio.open_connection(*self.target)
-        self._writers.update((client_w, hms_w))
+        self._writers.add(hms_w)
         back = asyncio.ensure_future(self._pump(hms_r, client_w))
         try:
             buf = b""

@@ -551,3 +551,47 @@ def test_a_request_with_an_absent_partition_is_assembled_every_time() -> None:
             assert len(r.cache.partitions.assembled_once) == once
 
     asyncio.run(run())
+
+
+def test_a_partition_kept_anew_is_assembled_with_its_new_bytes_not_the_item_remembered() -> None:
+    # Its name is remembered with the item it had (assembled.Variant.found); once the
+    # partition changes and is fetched again, that item is retired, never judged current:
+    # the next request finds the new one by its key, and remembers that.
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS[:6], v="1")
+            ask = Asked(r)
+            await judged(ask)
+            assert (await ask(by_names(3, "d01", "d02")))[1] == "assembled"
+            assert r.cache is not None and r.cache.l1 is not None
+            old = r.cache.l1.peek(_key_of(r, "d02"))  # (alive: a weak reference still works)
+            await _alter_one(r)
+            # d00-d03 judged anew (d02 fetched again: another item).
+            assert (await ask(by_names(4, "d00", "d01", "d02", "d03")))[1] == "ordinary"
+            new = r.cache.l1.peek(_key_of(r, "d02"))
+            assert old is not None and new is not None and new is not old
+            for seqid, days in ((6, ("d02", "d01")), (7, ("d03", "d02", "d01"))):
+                request = by_names(seqid, *days)
+                reply, way = await ask(request)
+                assert way == "assembled" and reply == hms_answer(r, request)
+                assert b"numFiles\x00\x00\x00\x012" in reply  # (d02's, altered: the only 2)
+            variant = next(iter(r.cache.partitions.variants.memo.values()))
+            assert variant.found[b"ds=d02"]() is new
+
+    asyncio.run(run())
+
+
+def test_a_name_asked_twice_is_one_partition_as_the_metastore_answers() -> None:
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS[:6], v="1")
+            ask = Asked(r)
+            await judged(ask)
+            # (The second time, its names are remembered.)
+            for seqid, days in ((3, ("d01", "d04", "d01")), (4, ("d04", "d01", "d04", "d01"))):
+                request = by_names(seqid, *days)
+                reply, way = await ask(request)
+                assert way == "assembled" and reply == hms_answer(r, request)
+                assert reply.count(b"ds=d01") == reply.count(b"ds=d04") == 1
+
+    asyncio.run(run())

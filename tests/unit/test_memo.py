@@ -278,3 +278,30 @@ def test_hits_answered_at_once_charge_what_they_keep_to_the_in_process_copy() ->
             assert 0 < kept <= charged, (kept / 1000, charged / 1000)
 
     asyncio.run(run())
+
+
+def test_names_remembered_with_their_partitions_stay_within_their_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from proxy.cache import assembled
+    from tests.unit.inprocess import rig
+    from tests.unit.test_assembled import DAYS, DB, Asked, T, by_names
+
+    monkeypatch.setattr(assembled, "FOUND_NAMES", 8)
+
+    async def run() -> None:
+        async with rig() as r:
+            assert r.cache is not None
+            r.hms.add_table(DB, T, *DAYS[:20], v="1")
+            ask = Asked(r)
+            await ask(by_names(1, "d00"))  # the table's versions made (its epoch)
+            await ask(by_names(2, *DAYS[:20]))  # all 20 cached and judged
+            variants = r.cache.partitions.variants
+            for seqid, first in enumerate(range(0, 18, 3), start=3):
+                assert (await ask(by_names(seqid, *DAYS[first : first + 3])))[1] == "assembled"
+                (variant,) = variants.memo.values()
+                assert len(variant.found) == variants.found_names <= 8
+            plans = r.cache.memos()["plans"]()
+            assert plans[1] >= variants.found_names * assembled.FOUND_NAME_BYTES > 0
+
+    asyncio.run(run())
