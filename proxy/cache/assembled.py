@@ -14,17 +14,17 @@ so any change since has moved it):
    arguments and that user), so the request's other arguments are never decoded.
 2. The names are read from the bytes. Each name asked of the variant before is remembered
    with its partition's item in process (weakly: ``Variant.found``); any other is parsed (a
-   memo) to its version field and entry key, as the planner does, and its item found by
-   that key.
+   memo) to its columns, which must be the variant's (the metastore matches a name whole),
+   and its entry key, as the planner does, and its item found by that key.
 3. Each item must be held, stamped with today's generation, unexpired, and named once
    (:meth:`.l1.L1.judged_items`; an item L1 let go or replaced is retired, its stamp never
    current again, so a remembered one that fails is looked up once more by key). Then the
    reply is the HMS's: the partitions it has, in name order.
 
-Anything else takes the planned way, which decides again: a name never planned for this
-variant, an entry not in process or not judged since a change, two spellings of one
-partition, a name that does not parse, text that is not UTF-8, invalidations pending, the
-versions in process not trusted. A request is answered this way once only: the second time
+Anything else takes the planned way, which decides again: a name of other columns, an
+entry not in process or not judged since a change, two spellings of one partition, a name
+that does not parse, text that is not UTF-8, invalidations pending, the versions in
+process not trusted. A request is answered this way once only: the second time
 the planned way keeps it whole (:meth:`.partition_reads.PartitionReads._keep_whole`), and
 from then on it is one entry.
 """
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from proxy.cache import partitions as parts
 from proxy.cache.entry import ABSENT, Payload
-from proxy.cache.keys import MEMO_LONGEST, Naming, TableRef, entry_tail
+from proxy.cache.keys import MEMO_LONGEST, Naming, TableRef, columns_and_tail
 from proxy.cache.l1 import Item
 from proxy.cache.plan import PartitionPlan
 from proxy.memo import BoundedMemo
@@ -56,10 +56,10 @@ VARIANT_ARGS = 1024
 VARIANT_ENTRIES = 8192
 VARIANT_BYTES = 4 << 20
 # Names remembered with their partitions' items, over all variants (a name's bytes, a
-# weak reference and a dictionary slot: about this many bytes each); past this, every
-# variant forgets its names.
+# weak reference and a dictionary slot: at most about this many bytes each, a name being
+# at most MEMO_LONGEST); past this, every variant forgets its names.
 FOUND_NAMES = 65536
-FOUND_NAME_BYTES = 200
+FOUND_NAME_BYTES = 280
 
 # A reference's item, or None: of a reference that is gone, and of _GONE (what a name not
 # remembered is taken to have).
@@ -81,6 +81,7 @@ class Variant:
     table: TableRef
     tag: str
     entries: str  # what every partition entry's key starts with (Naming.partition_entries)
+    columns: str  # the planned names' columns (keys.partition_columns): the variant's own
     # Names asked with these arguments -> their partition's item in process, as last found
     # (Variants.items): the next request naming them needs no key made or looked up.
     # Weak: an item L1 let go is not kept alive here.
@@ -108,7 +109,8 @@ class Variants:
             return
         self.names_paths[method] = pp.names_path
         key = (method, other, who)
-        variant = Variant(pp.table, pp.tag, self.naming.partition_entries(pp.tag, pp.variant))
+        entries = self.naming.partition_entries(pp.tag, pp.variant)
+        variant = Variant(pp.table, pp.tag, entries, pp.columns)
         if self.memo.get(key) == variant:  # (compared but for its names: kept with them)
             return
         size = len(other) + len(who) + len(variant.entries) + 2 * len(variant.tag) + 300
@@ -125,8 +127,9 @@ class Variants:
         """Each name's partition item in process: as remembered with the name (alive, but
         perhaps let go or kept anew since: judging it tells), else found by its entry key
         (``peek``) and remembered; every one by its key if ``afresh``. ``None`` where the
-        planner would not plan the request per partition (a name that is not UTF-8 or does
-        not parse), for no names, and as soon as a name's partition is not held (a name new
+        planner would not plan the request per partition with this variant (a name that is
+        not UTF-8, does not parse, or is of other columns), for no names, and as soon as a
+        name's partition is not held (a name new
         to the names memo is parsed only while the partitions before it are held: a
         request of partitions not in process is planned without parsing each name twice)."""
         if not names:
@@ -138,19 +141,20 @@ class Variants:
             items = list(map(_alive, map(found.get, names, itertools.repeat(_GONE))))
             if all(items):  # (not ``None in``: that compares each item with None)
                 return items  # type: ignore[return-value]  # (no None left)
-        if self.found_names + len(names) > FOUND_NAMES:
+        if self.found_names + items.count(None) > FOUND_NAMES:
             self.forget_names()
-        prefix = variant.entries
+        prefix, columns = variant.entries, variant.columns
         for at, item in enumerate(items):
             if item is None:
                 name = names[at]
-                tail = entry_tail(name)
-                if tail is None:
+                known = columns_and_tail(name)
+                # (A name of other columns names another variant's partition, or none.)
+                if known is None or known[0] != columns:
                     return None
-                item = items[at] = peek(prefix + tail)
+                item = items[at] = peek(prefix + known[1])
                 if item is None:
                     return None
-                if len(name) <= MEMO_LONGEST:
+                if len(name) <= MEMO_LONGEST and self.found_names < FOUND_NAMES:
                     self.found_names += name not in found
                     found[name] = weakref.ref(item)
         return items  # type: ignore[return-value]  # (no None left)

@@ -202,42 +202,34 @@ def _parse(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 _remembered_parse = functools.lru_cache(maxsize=MEMO_NAMES)(_parse)  # errors are not kept
 
 
-def known_tails(raws: list[bytes]) -> list[str | None]:
-    """Partition names as a request's bytes carry them -> each one's version field without
-    the ``p:`` (the tail of its entries' keys, see :meth:`Naming.partition_entries`), for
-    names :func:`entry_tail` worked out before; ``None`` for the others.
-
-    A request names a hundred partitions, most of them named before: one loop in C over a
-    plain dictionary (an ``lru_cache`` wraps each bytes key in a tuple and moves its links,
-    memory that is cold by the time the next request comes)."""
-    return list(map(_TAILS.get, raws))
-
-
-def entry_tail(raw: bytes) -> str | None:
-    """:func:`known_tails` of one name, known or worked out (and remembered, if the name is
-    short): as :func:`parse_partition_name` and :func:`partition_field` make it; ``None``
-    for a name that is not UTF-8 or does not parse (not remembered)."""
-    tail = _TAILS.get(raw)
-    if tail is not None:
-        return tail
-    tail = _tail_of(raw)
-    if len(raw) <= MEMO_LONGEST and tail is not None:
+def columns_and_tail(raw: bytes) -> tuple[str, str] | None:
+    """A partition name as a request's bytes carry it -> (its columns, as
+    :func:`partition_columns` writes them; its version field without the ``p:``, the tail
+    of its entries' keys, see :meth:`Naming.partition_entries`), as the planner makes them;
+    remembered if the name is short. ``None`` for a name that is not UTF-8 or does not
+    parse (not remembered)."""
+    known = _TAILS.get(raw)
+    if known is not None:
+        return known
+    known = _columns_and_tail(raw)
+    if len(raw) <= MEMO_LONGEST and known is not None:
         if len(_TAILS) >= MEMO_NAMES:  # the older half goes
             for old in list(itertools.islice(_TAILS, MEMO_NAMES // 2)):
                 del _TAILS[old]
-        _TAILS[raw] = tail
-    return tail
+        _TAILS[raw] = known
+    return known
 
 
-def _tail_of(raw: bytes) -> str | None:
+def _columns_and_tail(raw: bytes) -> tuple[str, str] | None:
     try:
-        values = parse_partition_name(raw.decode("utf-8"))[1]
+        columns, values = parse_partition_name(raw.decode("utf-8"))
     except (UnicodeDecodeError, PartitionNameError):
         return None
-    return partition_field(values)[2:]
+    return partition_columns(columns), partition_field(values)[2:]
 
 
-_TAILS: dict[bytes, str] = {}  # name -> tail, for names of at most MEMO_LONGEST bytes
+# name -> (columns, tail), for names of at most MEMO_LONGEST bytes
+_TAILS: dict[bytes, tuple[str, str]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +279,11 @@ def escape_path_name(text: str) -> str:
         else:
             out.append(ch)
     return "".join(out) or "__HIVE_DEFAULT_PARTITION__"
+
+
+def partition_columns(keys: Sequence[str]) -> str:
+    """A name's columns as it writes them (escaped: one never holds the ``/`` between)."""
+    return "/".join(escape_path_name(k) for k in keys)
 
 
 def partition_name(keys: list[str], values: list[str]) -> str:

@@ -26,6 +26,7 @@ from proxy.cache.keys import (
     TableRef,
     digest,
     parse_partition_name,
+    partition_columns,
     partition_field,
 )
 
@@ -91,8 +92,11 @@ class PartitionPlan:
     tag: str
     names: tuple[str, ...]  # distinct requested names, in request order
     values: tuple[tuple[str, ...], ...]  # parsed from ``names``
-    variant: str  # what else shapes a partition's bytes (method, other arguments, identity)
+    # What else shapes a partition's bytes: the method, other arguments, identity, and the
+    # names' columns (the metastore matches a name whole).
+    variant: str
     names_path: tuple[int, ...]  # field ids leading to the names list in the arguments
+    columns: str = ""  # the names' columns, as keys.partition_columns writes them
     fields: tuple[str, ...] = ()  # the version field of each partition, as ``values``
     entry_keys: tuple[str, ...] = ()  # where each partition is stored, as ``values``
     # Every version field a look-up reads (the plan's and each partition's), by hash: the
@@ -373,17 +377,25 @@ class Planner:
             return None
         distinct = list(dict.fromkeys(names))
         try:
-            values = tuple(parse_partition_name(n)[1] for n in distinct)
+            parsed = [parse_partition_name(n) for n in distinct]
         except PartitionNameError:
             return None
+        values = tuple(v for _, v in parsed)
         if len(set(values)) != len(values):
             return None  # two spellings of one partition: let the HMS sort that out
+        # The metastore matches a name whole, its columns too: ``zz=d01`` names none of a
+        # table partitioned by ``ds``. A partition's entries are kept by its values, so
+        # each set of columns has entries of its own (its variant): one never answers, nor
+        # fills, another's. Names of several sets: the HMS sorts that out.
+        if len({c for c, _ in parsed}) != 1:
+            return None
+        columns = partition_columns(parsed[0][0])
         names_path = parts.field_path(spec.name, path)
         other = parts.without_field(args_bytes, names_path)
         if other is None:
             return None
         tag = table.tag
-        variant = digest(spec.name, other, who)
+        variant = digest(spec.name, other, who, columns)
         ordered = tuple(fields[v] for v in values)
         entry = self.naming.partition_entries(tag, variant)
         return PartitionPlan(
@@ -393,6 +405,7 @@ class Planner:
             values=values,
             variant=variant,
             names_path=names_path,
+            columns=columns,
             fields=ordered,
             entry_keys=tuple(entry + f[2:] for f in ordered),
         )

@@ -119,6 +119,22 @@ def test_by_names_fetches_only_the_partitions_it_lacks(
     assert any_store.metric("hmsproxy_cache_partitions_total", result="miss") == 5 + 3
 
 
+def test_a_name_of_other_columns_is_answered_as_the_metastore_answers_it(
+    hms: MetastoreServer, any_store: ProxyProcess, sample: Sample
+) -> None:
+    # The metastore matches a name whole, its columns too: ``dt=...`` names none of a table
+    # partitioned by ``ds``, though its values are a partition's. The proxy answers neither
+    # with the other's partitions, nor keeps one's answer for the other.
+    right = [sample.partition_name]
+    wrong = ["dt=" + sample.partition_name.removeprefix("ds=")]
+    empty = _by_names(hms.port, sample, wrong)
+    assert len(empty) < len(_by_names(hms.port, sample, right))  # (the premise)
+    for names in (wrong, wrong, right, right, wrong, right + wrong, wrong + right):
+        through = _by_names(any_store.port, sample, names)
+        direct = _by_names(hms.port, sample, names)
+        assert raw.same_result("get_partitions_by_names", through, direct), names
+
+
 def test_a_write_to_one_partition_keeps_the_others(
     hms: MetastoreServer, any_store: ProxyProcess, sample: Sample
 ) -> None:

@@ -270,13 +270,13 @@ def test_a_request_of_partitions_not_in_process_is_planned_without_parsing_each_
             ask = Asked(r)
             await judged(ask)
             parsed: list[bytes] = []
-            original = keys._tail_of
+            original = keys._columns_and_tail
 
-            def counted(raw: bytes) -> str | None:
+            def counted(raw: bytes) -> tuple[str, str] | None:
                 parsed.append(raw)
                 return original(raw)
 
-            monkeypatch.setattr(keys, "_tail_of", counted)
+            monkeypatch.setattr(keys, "_columns_and_tail", counted)
             request = by_names(3, *DAYS[10:20])
             reply, way = await ask(request)
             assert way == "ordinary" and reply == hms_answer(r, request)
@@ -593,5 +593,27 @@ def test_a_name_asked_twice_is_one_partition_as_the_metastore_answers() -> None:
                 reply, way = await ask(request)
                 assert way == "assembled" and reply == hms_answer(r, request)
                 assert reply.count(b"ds=d01") == reply.count(b"ds=d04") == 1
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("first", ["the other columns' name", "the table's own"])
+def test_a_name_of_other_columns_is_never_answered_with_the_tables_partition(first: str) -> None:
+    # The metastore matches a name whole: ``zz=d01`` names no partition of a table
+    # partitioned by ``ds``, though its values are ``ds=d01``'s. Neither way answers one
+    # for the other, and neither's answer is kept for the other (the empty answer to
+    # ``zz=d01`` once stood for ds=d01 being absent, in every later request of it).
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS[:6], v="1")
+            ask = Asked(r)
+            await judged(ask)  # ds=d00-d05 cached and current: the assembled way is open
+            wrong, right = ["zz=d01"], ["ds=d01"]
+            order = [wrong, right] if first == "the other columns' name" else [right, wrong]
+            for seqid, names in enumerate([*order, *order, *order, ["ds=d01", "zz=d01"]]):
+                request = by_names(10 + seqid, names=names)
+                reply, _ = await ask(request)
+                assert reply == hms_answer(r, request), (seqid, names)
+            assert b"ds=d01" not in hms_answer(r, by_names(1, names=wrong))  # (the premise)
 
     asyncio.run(run())

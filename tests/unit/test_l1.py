@@ -4,9 +4,7 @@ held."""
 
 from __future__ import annotations
 
-import gc
 import time
-import weakref
 
 import pytest
 
@@ -104,9 +102,13 @@ def test_items_not_all_current_and_distinct_are_not_judged(why: str) -> None:
     assert not l1.judged_items([], 7, now, wall)
 
 
-def test_an_item_let_go_is_not_kept_alive_by_weak_references() -> None:
+def test_an_item_evicted_or_cleared_is_retired() -> None:
     l1 = filled(4)
-    ref = weakref.ref(items(l1, "k0")[0])
-    l1.put("k4", entry(), 60)
-    gc.collect()
-    assert ref() is None
+    (old,) = judged(l1, "k0")
+    l1.put("k4", entry(), 60)  # k0 (not marked used) goes
+    assert not l1.holds("k0") and old.current_under == RETIRED
+    old.stamp(7)
+    assert not l1.judged_items([old], 7, time.monotonic(), time.time())
+    kept = judged(l1, "k1", "k2")
+    l1.clear()
+    assert l1.bytes == 0 and all(item.current_under == RETIRED for item in kept)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import struct
+import time
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
 
 from proxy import catalog, idl
-from proxy.cache import resp
+from proxy.cache import keys, resp
 from proxy.cache.engine import PLAN_BYTES
 from proxy.cache.store import MemoryStore
 from proxy.memo import ITEM_OVERHEAD, BoundedMemo
@@ -167,7 +170,8 @@ def test_partition_name_memos_keep_only_short_names() -> None:
     assert keys._remembered_field.cache_info().currsize == fields
     assert keys._remembered_parse.cache_info().currsize == parses
     assert keys._remembered_table_tag.cache_info().currsize == tags
-    assert keys.entry_tail(f"ds={long_value}".encode()) == keys.partition_field([long_value])[2:]
+    tail = keys.partition_field([long_value])[2:]
+    assert keys.columns_and_tail(f"ds={long_value}".encode()) == ("ds", tail)
     assert len(keys._TAILS) == names
     keys.partition_field(["2024-01-01"])
     assert keys._remembered_field.cache_info().currsize <= keys.MEMO_NAMES
@@ -183,10 +187,10 @@ def test_the_names_memo_stays_within_its_count_and_keeps_no_errors(
     names = [f"ds={i}".encode() for i in range(20)]
     for at in range(0, 20, 3):
         chunk = names[at : at + 3]
-        tails = [keys.entry_tail(raw) for raw in [*chunk, b"not a name", b"ds=\xff"]]
-        assert tails[-2:] == [None, None]
-        assert tails[:-2] == [keys.partition_field([n.decode()[3:]])[2:] for n in chunk]
-        assert keys.known_tails(chunk) == tails[:-2]
+        known = [keys.columns_and_tail(raw) for raw in [*chunk, b"not a name", b"ds=\xff"]]
+        assert known[-2:] == [None, None]
+        assert known[:-2] == [("ds", keys.partition_field([n.decode()[3:]])[2:]) for n in chunk]
+        assert [keys._TAILS.get(raw) for raw in chunk] == known[:-2]
         assert len(keys._TAILS) <= 8
     assert b"not a name" not in keys._TAILS and b"ds=\xff" not in keys._TAILS
     assert names[19] in keys._TAILS and names[0] not in keys._TAILS  # the older went
@@ -305,3 +309,54 @@ def test_names_remembered_with_their_partitions_stay_within_their_count(
             assert plans[1] >= variants.found_names * assembled.FOUND_NAME_BYTES > 0
 
     asyncio.run(run())
+
+
+def _variant() -> tuple[Any, Any, Any, str]:
+    """(Variants, a variant of table db.t partitioned by ds, an L1, its entries' prefix)."""
+    from proxy.cache.assembled import Variant, Variants
+    from proxy.cache.keys import Naming, TableRef
+    from proxy.cache.l1 import L1
+
+    prefix = "hmsc:1:{t:x}:p:v:"
+    return (
+        Variants(Naming()),
+        Variant(TableRef.of("db", "t"), "t:x", prefix, "ds"),
+        L1(1 << 22),
+        prefix,
+    )
+
+
+def _held(l1: Any, prefix: str, *names: bytes) -> None:
+    from proxy.cache.entry import Entry
+    from proxy.cache.keys import columns_and_tail
+
+    for name in names:
+        known = columns_and_tail(name)
+        assert known is not None
+        l1.put(prefix + known[1], Entry(b"fp", 0, b"x", time.time() + 60), 60)
+
+
+def test_names_are_remembered_with_their_items_weakly_and_only_short_ones() -> None:
+    variants, variant, l1, prefix = _variant()
+    short, long = b"ds=d01", b"ds=" + b"x" * keys.MEMO_LONGEST
+    _held(l1, prefix, short, long)
+    found = variants.items(variant, [short, long], l1.peek)
+    assert found is not None and list(variant.found) == [short]
+    assert variant.found[short]() is found[0] and variants.found_names == 1
+    del found
+    l1.clear()
+    gc.collect()
+    assert variant.found[short]() is None  # (the memo kept no item alive)
+
+
+def test_one_request_never_takes_the_names_memo_past_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from proxy.cache import assembled
+
+    monkeypatch.setattr(assembled, "FOUND_NAMES", 8)
+    variants, variant, l1, prefix = _variant()
+    names = [f"ds=d{i:02d}".encode() for i in range(50)]
+    _held(l1, prefix, *names)
+    assert variants.items(variant, names, l1.peek) is not None
+    assert len(variant.found) <= variants.found_names <= 8
