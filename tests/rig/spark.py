@@ -44,7 +44,12 @@ def session(uri: str, warehouse: str, app: str, conf: Mapping[str, str] | None =
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "1")
     )
-    for key, value in (conf or {}).items():
+    conf = dict(conf or {})
+    # The client compiler only (as the test metastores, tests.rig.hms): a job of a few
+    # statements is mostly its JVM starting and warming up.
+    options = conf.pop("spark.driver.extraJavaOptions", "")
+    conf["spark.driver.extraJavaOptions"] = f"-XX:TieredStopAtLevel=1 {options}".strip()
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.enableHiveSupport().getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
