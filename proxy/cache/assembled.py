@@ -58,7 +58,7 @@ VARIANT_BYTES = 4 << 20
 # Names remembered with their partitions' items, over all variants (a name's bytes, a
 # weak reference and a dictionary slot: at most about this many bytes each, a name being
 # at most MEMO_LONGEST); past this, every variant forgets its names.
-FOUND_NAMES = 65536
+FOUND_NAMES = 32768
 FOUND_NAME_BYTES = 280
 
 # A reference's item, or None: of a reference that is gone, and of _GONE (what a name not
@@ -154,7 +154,7 @@ class Variants:
                 item = items[at] = peek(prefix + known[1])
                 if item is None:
                     return None
-                if len(name) <= MEMO_LONGEST and self.found_names < FOUND_NAMES:
+                if len(name) <= MEMO_LONGEST and (name in found or self.found_names < FOUND_NAMES):
                     self.found_names += name not in found
                     found[name] = weakref.ref(item)
         return items  # type: ignore[return-value]  # (no None left)

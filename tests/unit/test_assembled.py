@@ -610,7 +610,9 @@ def test_a_name_of_other_columns_is_never_answered_with_the_tables_partition(fir
             await judged(ask)  # ds=d00-d05 cached and current: the assembled way is open
             wrong, right = ["zz=d01"], ["ds=d01"]
             order = [wrong, right] if first == "the other columns' name" else [right, wrong]
-            for seqid, names in enumerate([*order, *order, *order, ["ds=d01", "zz=d01"]]):
+            # Then names of both sets, of one partition's values and of two partitions'.
+            mixed = [["ds=d01", "zz=d01"], ["ds=d01", "zz=d02"], ["zz=d02", "ds=d01"]]
+            for seqid, names in enumerate([*order, *order, *order, *mixed, *mixed]):
                 request = by_names(10 + seqid, names=names)
                 reply, _ = await ask(request)
                 assert reply == hms_answer(r, request), (seqid, names)

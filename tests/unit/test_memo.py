@@ -305,6 +305,7 @@ def test_names_remembered_with_their_partitions_stay_within_their_count(
                 assert (await ask(by_names(seqid, *DAYS[first : first + 3])))[1] == "assembled"
                 (variant,) = variants.memo.values()
                 assert len(variant.found) == variants.found_names <= 8
+            assert b"ds=d17" in variant.found  # (forgetting made room for the latest)
             plans = r.cache.memos()["plans"]()
             assert plans[1] >= variants.found_names * assembled.FOUND_NAME_BYTES > 0
 
