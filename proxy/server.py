@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 from typing import cast
@@ -20,6 +21,8 @@ from proxy.cache.ready import Ready
 from proxy.config import Options
 from proxy.handler import CallHandler, ClientGone, SessionState
 from proxy.handler.again import Again
+from proxy.handler.flight import Flight
+from proxy.handler.forward import Sent
 from proxy.handler.identity import authenticated_identity
 from proxy.loop import guarded_write
 from proxy.metrics import AUTH_MECHANISMS, Metrics
@@ -34,7 +37,13 @@ from proxy.wire.binary import (
     encode_application_exception,
 )
 from proxy.wire.errors import MessageTooLarge, ProtocolError
-from proxy.wire.framing import MessageReader, Transport, call_without_seqid, whole_message
+from proxy.wire.framing import (
+    Message,
+    MessageReader,
+    Transport,
+    call_without_seqid,
+    whole_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +119,8 @@ class ThriftServer:
         self.acceptor = acceptor  # SASL (--client-auth kerberos): who each engine is
         self._server: asyncio.Server | None = None
         self._sessions: dict[asyncio.Task[None], _Session] = {}
+        # Calls sent as they arrived, being finished the ordinary way (see _Session).
+        self.finishing: set[asyncio.Task[None]] = set()
         self._negotiating = 0  # connections in their SASL negotiation
         self.stopping = False
         self._refusal_logged_at = float("-inf")
@@ -290,6 +301,11 @@ class ThriftServer:
                 self._sessions[task].close()
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        if self.finishing:  # (their sessions ended first: nothing waited for them)
+            _, pending = await asyncio.wait(self.finishing, timeout=drain_timeout)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -312,7 +328,7 @@ class _ClientProtocol(asyncio.StreamReaderProtocol):
     def data_received(self, data: bytes) -> None:
         session = self.session
         if session is not None:
-            if session.waiting:
+            if session.waiting and session.flight is None:
                 try:
                     # The call answered last, asked again (proxy.handler.again): first, in
                     # as few steps as can be.
@@ -366,14 +382,23 @@ class _Session:
             )
         self.client = ClientConnection(self.writer, self.options.client_transport)
         self.requests = MessageReader(self.options.client_transport, self.options.max_request_bytes)
-        self.busy = False
+        self.handling = False
         self._message_deadline = 0.0  # when the request being received must be complete
         # Set while the session waits for a request with nothing buffered: then its
         # protocol may answer a hit as it arrives (see _ClientProtocol and answer_now).
         self.waiting = False
         self.answered_at = 0.0  # when a request was last answered that way (idle clock)
         self.again: Again | None = None  # the call answered last that way (see answer_now)
+        # A call only forwarded, sent as it arrived, whose reply has not gone out yet; and
+        # what the session's task waits on meanwhile, if it has a request of its own.
+        self.flight: Flight | None = None
+        self._after_flight: asyncio.Future[None] | None = None
         self.loop = asyncio.get_running_loop()
+
+    @property
+    def busy(self) -> bool:
+        """A call is being answered (the session's own, or one in flight)."""
+        return self.handling or self.flight is not None
 
     def answer_now(self, data: bytes, transport: asyncio.WriteTransport | None) -> bool:
         """Answer ``data`` at once if it is one whole request that is a hit needing no await
@@ -401,10 +426,14 @@ class _Session:
     def _answer_looked_up(self, data: bytes) -> bool:
         handler = self.server.handler
         transport = self.client.transport
+        if handler.cache is None:  # nothing is a hit: a call only forwarded may go at once
+            whole = whole_message(data, transport, self.options.max_request_bytes)
+            return whole is not None and self._forward_now(whole)
         # A call the client made before, byte for byte but for the seqid, is known without
         # finding its end or decoding it (the same bytes were one whole message then).
         repeat = call_without_seqid(data, transport)
         ready: Ready | bool | None = False
+        message: Message | None = None
         if repeat is not None:
             ready = handler.serve_repeat_now(self.state, *repeat, self._write_now)
         if ready is False:  # not known by its bytes (None: known, and not answered at once)
@@ -413,11 +442,61 @@ class _Session:
                 return False
             known = repeat[0] if repeat is not None else None
             ready = handler.serve_hit_now(self.state, message, self._write_now, known)
-        if not isinstance(ready, Ready):
-            self.again = None
-            return ready is True  # (True: assembled from partitions, nothing to keep)
-        self.again = handler.again(ready, data, transport)
+        if isinstance(ready, Ready):
+            self.again = handler.again(ready, data, transport)
+            return True
+        self.again = None
+        if ready is True:  # assembled from partitions, nothing to keep
+            return True
+        # Not a hit: a call only forwarded goes to the metastore as it arrived.
+        if message is None:
+            message = whole_message(data, transport, self.options.max_request_bytes)
+            if message is None:
+                return False
+        return self._forward_now(message)
+
+    def _forward_now(self, message: Message) -> bool:
+        """Send a call only forwarded to the metastore at once (see proxy.handler.flight)."""
+        handover = functools.partial(self._hand_over, message)
+        flight = self.server.handler.forward_now(
+            self.state, message, self._write_now, handover, self._landed
+        )
+        if flight is None:
+            return False
+        self.flight = flight
         return True
+
+    def _hand_over(self, message: Message, sent: Sent) -> None:
+        """The call in flight is finished the ordinary way, in a task of its own."""
+        task = self.loop.create_task(self._finish(message, sent))
+        self.server.finishing.add(task)
+        task.add_done_callback(self.server.finishing.discard)
+
+    async def _finish(self, message: Message, sent: Sent) -> None:
+        try:
+            await self.server.handler.handle(self.state, message, self.client, sent)
+        except (ConnectionError, ClientGone) as exc:
+            log.debug("%s: connection ended: %s", self.state.peer, exc)
+            self.writer.close()
+        finally:
+            self._landed()
+
+    def _landed(self) -> None:
+        """The call in flight was answered: the session may go on."""
+        self.flight = None
+        self.answered_at = self.loop.time()
+        if self._after_flight is not None:
+            self._after_flight.set_result(None)
+            self._after_flight = None
+        if self.server.stopping:
+            self.writer.close()  # (as the ordinary way ends a session after its call)
+
+    async def _flight_landed(self) -> None:
+        """Wait for the call in flight to be answered (bytes came meanwhile: a client that
+        pipelines is answered in order)."""
+        if self.flight is not None:
+            self._after_flight = self.loop.create_future()
+            await self._after_flight
 
     def _write_now(self, reply: bytes) -> None:
         self.client._write(self.client.transport.frame(reply))
@@ -449,6 +528,7 @@ class _Session:
                 data = await self._read()
                 if data is None:
                     return
+                await self._flight_landed()
                 self.requests.feed(data)
                 continue
             if message.header.type not in (MessageType.CALL, MessageType.ONEWAY):
@@ -458,11 +538,11 @@ class _Session:
                     AppErrorType.INVALID_MESSAGE_TYPE,
                 )
                 return
-            self.busy = True
+            self.handling = True
             try:
                 await self.server.handler.handle(self.state, message, self.client)
             finally:
-                self.busy = False
+                self.handling = False
             self.state.calls += 1
             if self.server.stopping:
                 return
@@ -531,9 +611,9 @@ class _Session:
                 if idle is None:
                     raise
                 left = self.answered_at + idle - loop.time()
-                if left <= 0:
+                if left <= 0 and self.flight is None:
                     raise
-                timeout = left  # requests were answered meanwhile: not idle
+                timeout = left if left > 0 else idle  # answered meanwhile, or in flight
             finally:
                 self.waiting = False
 

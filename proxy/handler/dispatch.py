@@ -19,25 +19,30 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from proxy import catalog, idl
+from proxy import bridge, catalog, idl
 from proxy.cache import locks
 from proxy.cache.engine import CacheEngine
 from proxy.cache.ready import Ready
 from proxy.catalog import Kind
 from proxy.handler import again
 from proxy.handler.again import Again
-from proxy.handler.forward import Forwarder, fail
+from proxy.handler.flight import Flight
+from proxy.handler.forward import Forwarder, Sent, fail, upstream_request
 from proxy.handler.identity import Identities
 from proxy.handler.reads import cached_read
 from proxy.handler.session import ClientGone, NoReply, SessionState
 from proxy.handler.writes import Writes
+from proxy.loop import guarded_write
 from proxy.metrics import Metrics, method_label
 from proxy.upstream import ClientChannel, UpstreamPool
-from proxy.wire.binary import AppErrorType, MessageType
+from proxy.wire.binary import AppErrorType, MessageHeader, MessageType
 from proxy.wire.framing import Message, Transport, seqid_offset
 
 log = logging.getLogger(__name__)
 _I32 = struct.Struct(">i")
+# Calls handle() does more with than forwarding them, whatever the catalog says.
+_NOT_PLAIN = frozenset({"set_ugi", "get_delegation_token"})
+_PLAIN_MEMO = 1024  # method names remembered as forwarded plainly or not
 
 # Replies up to this size may be written at once by serve_hit_now (one copy, one write);
 # larger ones take the ordinary way, written in slices with backpressure.
@@ -60,14 +65,23 @@ class CallHandler:
         keep_limit = cache.max_entry_bytes if cache is not None else max_reply_bytes
         self.forwarder = Forwarder(pool, metrics, pool.timeouts, keep_limit)
         self.identities = Identities(pool, self.forwarder)
+        self._plain: dict[str, bool] = {}  # see forwards_plainly
         self.writes = (
             Writes(cache, self.forwarder, pool, check_iceberg_base=check_iceberg_base)
             if cache is not None
             else None
         )
 
-    async def handle(self, session: SessionState, message: Message, client: ClientChannel) -> None:
-        """Answer one call. Raises ClientGone when the client connection must be closed."""
+    async def handle(
+        self,
+        session: SessionState,
+        message: Message,
+        client: ClientChannel,
+        sent: Sent | None = None,
+    ) -> None:
+        """Answer one call. Raises ClientGone when the client connection must be closed.
+        ``sent``: a call only forwarded, sent as it arrived, that ends here (see
+        :meth:`forward_now`)."""
         header = message.header
         if header.type == MessageType.ONEWAY:
             client = NoReply(client.transport)
@@ -76,7 +90,9 @@ class CallHandler:
         started = time.perf_counter()
         source = "upstream"
         try:
-            if header.name == "set_ugi":
+            if sent is not None:
+                outcome = await self._forward(session, message, client, spec, sent)
+            elif header.name == "set_ugi":
                 outcome = await self.identities.set_ugi(session, message, client)
             elif header.name == "get_delegation_token":
                 outcome = await self.identities.delegation_token(session, message, client)
@@ -92,11 +108,7 @@ class CallHandler:
             elif self.writes is not None and (spec is None or spec.kind is Kind.WRITE):
                 outcome = await self.writes.write(session, message, client, spec)
             else:
-                oneway = header.name in idl.oneway_methods()  # the metastore sends no reply
-                retries = 1 if spec is not None and spec.retryable else 0
-                outcome = await self.forwarder.forward(
-                    session, message, client, oneway=oneway, retries=retries
-                )
+                outcome = await self._forward(session, message, client, spec)
         except ClientGone:
             self.metrics.requests.labels(label, "upstream_error").inc()
             raise
@@ -112,6 +124,82 @@ class CallHandler:
             return
         self.metrics.requests.labels(label, outcome).inc()
         self.metrics.request_duration.labels(label, source).observe(time.perf_counter() - started)
+
+    async def _forward(
+        self,
+        session: SessionState,
+        message: Message,
+        client: ClientChannel,
+        spec: catalog.MethodSpec | None,
+        sent: Sent | None = None,
+    ) -> str:
+        """A call only forwarded: its reply relayed as the metastore sends it."""
+        oneway = message.header.name in idl.oneway_methods()  # the metastore sends no reply
+        retries = 1 if spec is not None and spec.retryable else 0
+        return await self.forwarder.forward(
+            session, message, client, oneway=oneway, retries=retries, sent=sent
+        )
+
+    def forwards_plainly(self, session: SessionState, header: MessageHeader) -> bool:
+        """Whether :meth:`handle` does nothing with this call but forward it and relay its
+        reply (what :meth:`forward_now` may do as the call arrives): a two-way call of a
+        client with no connection of its own, no session call, nothing the cache answers or
+        must see, nothing the bridge for removed methods rewrites (a removed method's reply
+        is looked at only if it is an exception: see :class:`.flight.Flight`)."""
+        name = header.name
+        if header.type != MessageType.CALL or session.pinned is not None:
+            return False
+        plain = self._plain.get(name)
+        if plain is None:
+            plain = self._plain_method(name)
+            if len(self._plain) < _PLAIN_MEMO:  # (names are the client's: bounded)
+                self._plain[name] = plain
+        return plain and not self.forwarder.removals.lacked(name)
+
+    def _plain_method(self, name: str) -> bool:
+        if name in _NOT_PLAIN or name in idl.oneway_methods():
+            return False
+        spec = catalog.lookup(name)
+        if self.cache is None:
+            return spec is None or spec.kind is not Kind.SESSION
+        return spec is not None and spec.kind is Kind.READ and name not in locks.LOCK_METHODS
+
+    def forward_now(
+        self,
+        session: SessionState,
+        message: Message,
+        write: Callable[[bytes], None],
+        hand_over: Callable[[Sent], None],
+        landed: Callable[[], None],
+    ) -> Flight | None:
+        """Send a call only forwarded (:meth:`forwards_plainly`) on an idle pooled
+        connection at once, its reply to be written with ``write`` as it arrives (see
+        :mod:`.flight`); ``None``: no such call, or no such connection at hand, nothing
+        done (the call takes :meth:`handle`)."""
+        if not self.forwards_plainly(session, message.header):
+            return None
+        pool = self.pool
+        conn = pool.take_now(session.identity)
+        if conn is None:
+            return None
+        assert conn.diverter is not None
+        try:
+            guarded_write(conn.writer, conn.replies.transport.frame(upstream_request(message)))
+        except ConnectionError:  # closed under us, before a byte of the call went out
+            pool.discard(conn)
+            return None
+        return Flight(
+            conn,
+            conn.diverter,
+            message.header,
+            pool,
+            self.metrics,
+            write,
+            hand_over,
+            landed,
+            pool.timeouts.read,
+            look_at_exceptions=message.header.name in bridge.REPLACEMENTS,
+        )
 
     def serve_hit_now(
         self,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from proxy import bridge
 from proxy.handler.session import ClientGone, SessionState
@@ -41,6 +42,18 @@ log = logging.getLogger(__name__)
 
 # Answers a failed call instead, if it can (a stale cached reply): True if it did.
 Fallback = Callable[[], Awaitable[bool]]
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A call that went out on ``conn`` as it arrived (:mod:`proxy.handler.flight`) and
+    did not end there: its reply begun or not, due by ``deadline`` (the loop's time), or
+    ``error``, what went wrong with it. ``started``: when it went out (perf_counter)."""
+
+    conn: UpstreamConnection
+    deadline: float
+    started: float
+    error: UpstreamError | None = None
 
 
 def upstream_request(message: Message) -> bytes:
@@ -73,8 +86,10 @@ class Forwarder:
         retries: int = 0,
         keep: OnReply | None = None,
         fallback: Fallback | None = None,
+        sent: Sent | None = None,
     ) -> str:
-        """Send the call upstream and relay the reply to ``client``; returns the outcome."""
+        """Send the call upstream and relay the reply to ``client``; returns the outcome.
+        ``sent``: the call went out already, as it arrived, and is finished here."""
         result = await self.call(
             session,
             message,
@@ -84,6 +99,7 @@ class Forwarder:
             retries=retries,
             keep=keep,
             fallback=fallback,
+            sent=sent,
         )
         assert isinstance(result, str)
         return result
@@ -101,9 +117,11 @@ class Forwarder:
         request: bytes | None = None,
         keep: OnReply | None = None,
         fallback: Fallback | None = None,
+        sent: Sent | None = None,
     ) -> str | Message:
         """Send the call upstream (retrying a stale pooled connection up to ``retries``);
         ``write``: it may change metadata (the pool keeps connections for writes).
+        ``sent``: its first attempt went out already (see :class:`Sent`).
 
         The reply is relayed to ``client`` and the outcome label returned; with ``hold`` it is
         returned whole instead, for the caller to send. Failures are answered to the client
@@ -115,11 +133,17 @@ class Forwarder:
         attempt = 0
         while True:
             conn: UpstreamConnection | None = None
+            first = sent if attempt == 0 else None
             try:
                 async with self.pool.connection(
-                    session.identity, fresh=attempt > 0, write=write, pinned=session.pinned
+                    session.identity,
+                    fresh=attempt > 0,
+                    write=write,
+                    pinned=first.conn if first is not None else session.pinned,
                 ) as conn:
-                    return await self._exchange(conn, request, message, relay_to, oneway, keep)
+                    return await self._exchange(
+                        conn, request, message, relay_to, oneway, keep, first
+                    )
             except UpstreamError as exc:
                 if conn is None:  # no connection to be had
                     return await self._failed(client, message, exc, fallback)
@@ -152,11 +176,14 @@ class Forwarder:
         client: ClientChannel | None,
         oneway: bool,
         keep: OnReply | None,
+        sent: Sent | None = None,
     ) -> str | Message:
-        """Send ``request`` on ``conn`` and relay (or return) the reply."""
+        """Send ``request`` on ``conn`` (unless it was ``sent``) and relay (or return) the
+        reply."""
         header = message.header
         bridgeable = header.name in bridge.REPLACEMENTS and not oneway
-        if bridgeable and self.removals.replacement(conn.endpoint, header.name) is not None:
+        known = sent is None and self.removals.replacement(conn.endpoint, header.name)
+        if bridgeable and known:
             bridged = bridge.request(message)
             if bridged is not None:
                 return await self._bridged(conn, bridged, message, client, keep)
@@ -169,6 +196,7 @@ class Forwarder:
             oneway,
             keep,
             hold_exception=bridgeable and client is not None,
+            sent=sent,
         )
         if not isinstance(result, Message):
             return result
@@ -242,12 +270,16 @@ class Forwarder:
         keep: OnReply | None,
         *,
         hold_exception: bool = False,
+        sent: Sent | None = None,
     ) -> str | Message:
         """One exchange on ``conn``, counted under the method the metastore was sent."""
         label = method_label(name)
-        started_at = time.perf_counter()
+        started_at = time.perf_counter() if sent is None else sent.started
         try:
-            await send(conn, request, self.timeouts.read)
+            if sent is None:
+                await send(conn, request, self.timeouts.read)
+            elif sent.error is not None:
+                raise sent.error
             if oneway:
                 self.metrics.upstream_requests.labels(label, "ok").inc()
                 return "ok"
@@ -260,6 +292,7 @@ class Forwarder:
                 on_reply=keep,
                 keep_limit=self.keep_limit,
                 hold_exception=hold_exception,
+                deadline=sent.deadline if sent is not None else None,
             )
         except UpstreamError as exc:
             self.metrics.upstream_requests.labels(label, exc.outcome).inc()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from proxy.config import Endpoint
 from proxy.sasl.stream import ByteReader, ByteWriter
+from proxy.upstream.streams import DivertingProtocol
 from proxy.wire.binary import MessageType, encode_header
 from proxy.wire.framing import MessageReader
 
@@ -48,6 +49,8 @@ class UpstreamConnection:
     pinned: bool = False
     closed: bool = False  # closed by the pool: it no longer counts against the limit
     held_by_read: bool = False  # in use by a read: counted against the reads' share
+    # Its protocol, when its replies can be taken as they arrive (plain streams, no SASL).
+    diverter: DivertingProtocol | None = None
 
     @property
     def usable(self) -> bool:

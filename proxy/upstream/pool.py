@@ -49,6 +49,7 @@ from proxy.upstream.errors import (
     UpstreamUnreachable,
 )
 from proxy.upstream.relay import READ_SIZE, Timeouts, exchange
+from proxy.upstream.streams import diverting, open_connection
 from proxy.wire.binary import MessageType
 from proxy.wire.errors import ProtocolError
 from proxy.wire.framing import Message, MessageReader
@@ -197,6 +198,25 @@ class UpstreamPool:
         if identity is not None and identity.binds_by_set_ugi:
             return await self._bind(conn, identity)
         conn.identity = identity
+        return conn
+
+    def take_now(self, identity: Identity | None) -> UpstreamConnection | None:
+        """An idle connection running as ``identity`` whose replies can be taken as they
+        arrive, for a read, if one can be had at once (no one waits, no set_ugi to replay,
+        no SASL); ``None`` otherwise (then :meth:`acquire` it is). Given back as acquired."""
+        queues = self._queues
+        if self.auth is not None or self._closed or queues[False] or queues[True]:
+            return None
+        if self._reads_held >= self._read_share:
+            return None
+        queue = self._idle.get(identity)
+        if not queue or queue[-1].diverter is None:
+            return None
+        conn = self._take_idle(identity)
+        if conn is None:
+            return None
+        self._reads_held += 1
+        conn.held_by_read = True
         return conn
 
     def _can_bind(self, identity: Identity | None) -> bool:
@@ -462,7 +482,9 @@ class UpstreamPool:
                 self.options.upstream_transport, self.options.max_reply_bytes, keep=False
             )
             if self.auth is None:
-                return UpstreamConnection(endpoint, reader, writer, replies)
+                conn = UpstreamConnection(endpoint, reader, writer, replies)
+                conn.diverter = diverting(writer)
+                return conn
             try:
                 streams = await self.auth.negotiate(reader, writer, endpoint, identity)
             except BaseException:
@@ -485,7 +507,7 @@ class UpstreamPool:
     async def _open_tcp(
         self, endpoint: Endpoint
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.open_connection(
+        return await open_connection(
             endpoint.host,
             endpoint.port,
             limit=READ_SIZE,

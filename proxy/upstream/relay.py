@@ -87,10 +87,14 @@ async def send(conn: UpstreamConnection, data: bytes, timeout: float) -> None:
         raise UpstreamClosed(f"connection lost while sending: {exc}", stale=conn.calls > 0) from exc
 
 
-async def receive(conn: UpstreamConnection, timeout: float, *, got_bytes: bool) -> bytes:
-    """The next bytes from the metastore; errors say whether the connection was stale."""
+async def receive(
+    conn: UpstreamConnection, timeout: float, *, got_bytes: bool, deadline: float | None = None
+) -> bytes:
+    """The next bytes from the metastore, within ``timeout`` (or by ``deadline``, in the
+    loop's time, for a call whose wait began before); errors say whether the connection was
+    stale."""
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(timeout) if deadline is None else asyncio.timeout_at(deadline):
             data = await conn.reader.read(READ_SIZE)
     except TimeoutError as exc:
         raise UpstreamTimeout(f"the metastore sent nothing for {timeout:g} s") from exc
@@ -146,6 +150,7 @@ async def relay(
     on_reply: OnReply | None = None,
     keep_limit: int = 0,
     hold_exception: bool = False,
+    deadline: float | None = None,
 ) -> str | Message:
     """Copy one reply from ``conn``: streamed to ``client``, or held whole (no ``client``).
 
@@ -153,7 +158,9 @@ async def relay(
     ``on_reply`` gets the whole reply (kept while streaming, while it is no bigger than
     ``keep_limit``); it runs before the last piece is sent when the reply is small. With
     ``hold_exception``, an ``EXCEPTION`` reply is not sent but returned whole, for the
-    caller to look at (the bridge for removed methods, :mod:`proxy.bridge`).
+    caller to look at (the bridge for removed methods, :mod:`proxy.bridge`). ``deadline``:
+    when the first bytes are due, for a call whose wait began before (see
+    :mod:`proxy.handler.flight`); its reply may have begun in ``conn.replies``.
     """
     reader = conn.replies
     stream = client is not None and client.transport is Transport.BUFFERED
@@ -162,7 +169,7 @@ async def relay(
     held: list[bytes] = []
     prefix = bytearray()  # header and the first bytes of the result: enough for the outcome
     header_length = 0
-    got_bytes = False
+    got_bytes = reader.buffered > 0
     sent = False
     while True:
         try:
@@ -203,8 +210,8 @@ async def relay(
             else:
                 held.append(piece.data)
         try:
-            chunk = await receive(conn, timeout, got_bytes=got_bytes)
+            chunk = await receive(conn, timeout, got_bytes=got_bytes, deadline=deadline)
         except UpstreamError as exc:
             raise started(exc, sent) from exc
-        got_bytes = True
+        got_bytes, deadline = True, None
         reader.feed(chunk)

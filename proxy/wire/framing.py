@@ -183,6 +183,12 @@ class MessageReader:
         self._end = end
         return True
 
+    def complete(self) -> bool:
+        """Whether the message under way has arrived whole (then :attr:`header` is its
+        header, and :meth:`take` hands it out in one piece); raises ProtocolError as
+        :meth:`take` would."""
+        return self._advance()
+
     def next_message(self) -> Message | None:
         """The next complete message, or ``None`` until more bytes arrive (``keep`` mode)."""
         assert self.keep, "next_message() needs keep=True"

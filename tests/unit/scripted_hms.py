@@ -37,6 +37,7 @@ from thrift.transport.TTransport import TMemoryBuffer
 
 from proxy import idl
 from proxy.config import Endpoint
+from proxy.upstream import streams
 from tests.rig.raw import Cursor, message_length
 from tests.rig.sample import storage_descriptor
 
@@ -264,7 +265,9 @@ class ScriptedHMS:
         """One new connection: the proxy's end of a socket pair, the fake serving the other."""
         ours, theirs = socket.socketpair()
         reader, writer = await _open_connection(sock=ours)
-        proxy_reader, proxy_writer = await _open_connection(sock=theirs)
+        # The proxy's end as its pool opens one (calls it only forwards answered as bytes
+        # arrive: proxy.handler.flight).
+        proxy_reader, proxy_writer = await streams.open_connection(sock=theirs, limit=1 << 16)
         conn = Connection(
             number=len(self.connections) + 1,
             reader=reader,

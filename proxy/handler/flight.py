@@ -1,0 +1,152 @@
+"""A call the proxy only forwards, answered from protocol callbacks as its bytes arrive.
+
+A forwarded call taken the ordinary way wakes the client session's task for the request,
+awaits a pooled connection, and wakes the task again for each piece of the reply: four
+turns of the event loop and a dozen coroutines around one metastore round trip, which
+measured ~300 us of Python per call (``docs/benchmarks.md``, the eighth step of issue 16).
+A call that needs nothing of the proxy but forwarding (:meth:`CallHandler.forwards_plainly`)
+and arrives whole while an idle pooled connection stands ready is instead written to that
+connection from the client's ``data_received``, and its reply, once whole, written to the
+client from the connection's (:class:`~proxy.upstream.streams.DivertingProtocol`): no task,
+no await, what a do-nothing relay does plus the framing and the metrics.
+
+Only the common case is done here. Anything else (a reply bigger than
+:data:`~proxy.upstream.relay.STORE_BEFORE_REPLY_BYTES`, a reply header that does not
+match, bad bytes, the connection ending, the read timeout) is handed over as it stands to
+the ordinary way, which finishes the call on the same connection (its reply may have begun
+in the connection's reader) and answers every failure as it always does: the same retry of
+a stale pooled connection, the same errors, the same metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from proxy.metrics import Metrics, method_label
+from proxy.upstream import UpstreamConnection, UpstreamPool, UpstreamProtocolError
+from proxy.upstream.relay import STORE_BEFORE_REPLY_BYTES, result_outcome
+from proxy.upstream.streams import DivertingProtocol
+from proxy.wire.binary import MessageHeader, MessageType
+from proxy.wire.errors import ProtocolError
+
+from .forward import Sent
+
+_REPLY_TYPES = (MessageType.REPLY, MessageType.EXCEPTION)
+
+
+class Flight:
+    """One call under way on ``conn``, written already; its reply goes to ``write`` (which
+    frames it for the client and raises ConnectionError when the client is gone). Ends with
+    ``landed()`` once answered, or with ``hand_over(sent)`` when the ordinary way must
+    finish it (and then call ``landed``)."""
+
+    __slots__ = (
+        "conn",
+        "deadline",
+        "hand_over",
+        "header",
+        "landed",
+        "look_at_exceptions",
+        "metrics",
+        "pool",
+        "protocol",
+        "started",
+        "timer",
+        "write",
+    )
+
+    def __init__(
+        self,
+        conn: UpstreamConnection,
+        protocol: DivertingProtocol,
+        header: MessageHeader,
+        pool: UpstreamPool,
+        metrics: Metrics,
+        write: Callable[[bytes], None],
+        hand_over: Callable[[Sent], None],
+        landed: Callable[[], None],
+        timeout: float,
+        *,
+        look_at_exceptions: bool = False,
+    ) -> None:
+        self.conn = conn
+        self.protocol = protocol
+        self.header = header
+        self.pool = pool
+        self.metrics = metrics
+        self.write = write
+        self.hand_over = hand_over
+        self.landed = landed
+        # A removed method's exception is looked at the ordinary way (proxy.bridge).
+        self.look_at_exceptions = look_at_exceptions
+        self.started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        self.deadline = loop.time() + timeout
+        self.timer: asyncio.TimerHandle | None = loop.call_at(self.deadline, self._timed_out)
+        conn.replies.keep = False  # (the reply is taken whole, in one piece)
+        protocol.receiver = self
+
+    def data_received(self, data: bytes) -> None:
+        replies = self.conn.replies
+        replies.feed(data)
+        try:
+            whole = replies.complete()
+        except ProtocolError as exc:
+            self._let_go(UpstreamProtocolError(f"bad reply: {exc}"))
+            return
+        if not whole:
+            if replies.buffered > STORE_BEFORE_REPLY_BYTES:
+                self._let_go()  # a big reply: streamed the ordinary way, with backpressure
+            return
+        header = replies.header
+        assert header is not None
+        asked = self.header
+        matches = header.name == asked.name and header.seqid == asked.seqid
+        if header.type not in _REPLY_TYPES or not matches:
+            self._let_go()  # (the ordinary way says what is wrong with it)
+            return
+        if self.look_at_exceptions and header.type == MessageType.EXCEPTION:
+            self._let_go()  # (is it UNKNOWN_METHOD? then the call is bridged)
+            return
+        piece = replies.take()
+        assert piece is not None and piece.last
+        data = piece.data
+        # The reply first: the client runs on from here (on another core) while the
+        # connection is given back and the call counted.
+        try:
+            self.write(data)
+            outcome = result_outcome(header.type, data[header.length : header.length + 3])
+        except ConnectionError:
+            outcome = "client_gone"
+        took = time.perf_counter() - self.started
+        self._stop()
+        self.pool.release(self.conn, reusable=True)
+        label = method_label(asked.name)
+        metrics = self.metrics
+        metrics.upstream_requests.labels(label, "ok").inc()
+        metrics.upstream_duration.labels(label).observe(took)
+        metrics.requests.labels(label, outcome).inc()
+        if outcome != "client_gone":
+            metrics.request_duration.labels(label, "upstream").observe(took)
+        self.landed()
+
+    def ended(self) -> None:
+        """The connection ended before the whole reply: the ordinary way says how (a stale
+        pooled connection is retried there, as any is)."""
+        self._let_go()
+
+    def _timed_out(self) -> None:
+        self.timer = None
+        self._let_go()  # (the deadline has passed: the ordinary way times out at once)
+
+    def _stop(self) -> None:
+        self.protocol.receiver = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _let_go(self, error: UpstreamProtocolError | None = None) -> None:
+        self._stop()
+        self.hand_over(Sent(self.conn, self.deadline, self.started, error))

@@ -1,0 +1,392 @@
+"""Calls the proxy only forwards, sent as they arrive and answered from the connections'
+protocol callbacks (proxy.handler.flight); whatever that way does not finish is handed to
+the ordinary way on the same metastore connection. On a loopback port, through the real
+protocols, against the scripted metastore."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from thrift.Thrift import TApplicationException
+
+from proxy import idl
+from proxy.handler.flight import Flight
+from proxy.server import ThriftServer
+from proxy.wire.binary import MessageType
+from tests.rig.raw import seqid_of
+from tests.unit.inprocess import Rig, rig
+from tests.unit.scripted_hms import (
+    HALF_REPLY,
+    HANG,
+    HANG_UP,
+    Slow,
+    Split,
+    header_of,
+    result_of,
+    until,
+)
+from tests.unit.test_server_shortcut import DB, Counted, T, connect, get_table, listening
+
+
+@pytest.fixture(autouse=True)
+def flown(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The calls sent as they arrived (each test below checks the way it meant was taken:
+    a test of a failure in flight that ran the ordinary way would prove nothing)."""
+    started: list[str] = []
+    original = Flight.__init__
+
+    def counting(self: Flight, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        started.append(self.header.name)
+
+    monkeypatch.setattr(Flight, "__init__", counting)
+    return started
+
+
+def status(seqid: int) -> bytes:
+    return idl.encode_call("getStatus", seqid)
+
+
+@contextlib.asynccontextmanager
+async def serving(**values: Any) -> AsyncIterator[tuple[Rig, Counted, int, ThriftServer]]:
+    """test_server_shortcut's ``listening``, with the server too."""
+    async with rig(listen="127.0.0.1:0", **values) as r:
+        server = ThriftServer(r.options, r.handler, r.metrics)
+        counted = Counted(r)
+        await server.start()
+        try:
+            yield r, counted, server.ports[0], server
+        finally:
+            await server.stop(0)
+
+
+@pytest.mark.parametrize("transport", ["buffered", "framed"])
+def test_a_forwarded_call_is_answered_as_its_reply_arrives_byte_for_byte(
+    transport: str, flown: list[str]
+) -> None:
+    async def run() -> None:
+        async with listening(cache=False, client_transport=transport) as (r, counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            for seqid in range(1, 6):
+                reply = await client.call(get_table(seqid))
+                assert reply == r.hms.answer("get_table", seqid, dbname=DB, tbl_name=T)
+            # The first call opened the connection the ordinary way; the others took it
+            # from the pool as they arrived.
+            assert counted.calls == 1
+            assert flown == ["get_table"] * 4
+            assert r.hms.calls["get_table"] == 5 and len(r.hms.connections) == 1
+            assert r.requests("get_table", "ok") == 5
+            assert (
+                r.sample("hmsproxy_upstream_requests_total", method="get_table", outcome="ok") == 5
+            )
+            timed = r.sample(
+                "hmsproxy_request_duration_seconds_count", method="get_table", source="upstream"
+            )
+            assert timed == 5
+            assert r.idle == 1 and r.active == 0  # given back each time
+            missing = idl.encode_call("get_table", 9, dbname=DB, tbl_name="none")
+            assert await client.call(missing) == r.hms.answer(
+                "get_table", 9, dbname=DB, tbl_name="none"
+            )
+            assert r.requests("get_table", "user_error") == 1
+            assert counted.calls == 1
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_with_the_cache_on_only_calls_it_does_not_answer_or_watch_go_as_they_arrive(
+    flown: list[str],
+) -> None:
+    async def run() -> None:
+        async with listening() as (r, counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(status(1))  # opens the connection, the ordinary way
+            assert counted.calls == 1
+            for seqid in (2, 3):
+                assert result_of(await client.call(status(seqid))).success == 2
+            assert counted.calls == 1  # getStatus: a read never cached, sent as it came
+            await client.call(get_table(4))  # a miss of a cached read: the ordinary way
+            new = idl.module().Table(tableName=T, dbName=DB, parameters={"v": "2"})
+            await client.call(
+                idl.encode_call("alter_table", 5, dbname=DB, tbl_name=T, new_tbl=new)
+            )  # a write: the ordinary way (its reply waits for the invalidation)
+            assert counted.calls == 3
+            assert flown == ["getStatus", "getStatus"]
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_reply_too_big_to_hold_is_streamed_the_ordinary_way(flown: list[str]) -> None:
+    async def run() -> None:
+        async with listening(cache=False) as (r, counted, port):
+            r.hms.add_table(DB, T, big="x" * 600_000)
+            client = await connect(r, port)
+            await client.call(status(1))
+            reply = await client.call(get_table(2))
+            assert reply == r.hms.answer("get_table", 2, dbname=DB, tbl_name=T)
+            assert len(reply) > 600_000
+            assert flown == ["get_table"]
+            assert counted.calls == 2  # sent as it came, finished the ordinary way
+            assert r.hms.calls["get_table"] == 1 and len(r.hms.connections) == 1
+            assert r.requests("get_table", "ok") == 1 and r.idle == 1
+            assert seqid_of(await client.call(status(3))) == 3  # the connection goes on
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_pooled_connection_the_metastore_closed_is_retried_for_a_read(flown: list[str]) -> None:
+    async def run() -> None:
+        async with listening(cache=False) as (r, _counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(status(1))
+            r.hms.script("get_table", HANG_UP)  # as an HMS drops an idle connection
+            reply = await client.call(get_table(2))
+            assert flown == ["get_table"]
+            assert reply == r.hms.answer("get_table", 2, dbname=DB, tbl_name=T)
+            assert len(r.hms.connections) == 2  # the stale one, then a fresh one
+            assert r.requests("get_table", "ok") == 1
+            assert r.idle == 1 and r.active == 0
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_write_whose_connection_ends_is_not_sent_again_and_its_client_sees_the_end(
+    flown: list[str],
+) -> None:
+    async def run() -> None:
+        async with listening(cache=False) as (r, _counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(status(1))
+            r.hms.script("alter_table", HANG_UP)
+            new = idl.module().Table(tableName=T, dbName=DB, parameters={"v": "2"})
+            await client.send(idl.encode_call("alter_table", 2, dbname=DB, tbl_name=T, new_tbl=new))
+            assert await asyncio.wait_for(client.reader.read(), 30) == b""
+            assert r.hms.calls["alter_table"] == 1  # never twice: it may have been applied
+            assert flown == ["alter_table"]
+            assert r.active == 0
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_reply_cut_short_closes_the_client_connection(flown: list[str]) -> None:
+    async def run() -> None:
+        async with listening(cache=False) as (r, _counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(status(1))
+            r.hms.script("get_table", HALF_REPLY)
+            await client.send(get_table(2))
+            # What a client talking to that metastore sees: part of the reply (streamed as
+            # it came, the ordinary way), then the end of the connection.
+            got = b""
+            while chunk := await asyncio.wait_for(client.reader.read(1 << 16), 30):
+                got += chunk
+            whole = r.hms.answer("get_table", 2, dbname=DB, tbl_name=T)
+            assert len(got) < len(whole) and whole.startswith(got)
+            assert flown == ["get_table"]
+            assert r.active == 0 and r.idle == 0
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_silent_metastore_is_answered_with_an_error_at_the_read_timeout(flown: list[str]) -> None:
+    async def run() -> None:
+        async with listening(cache=False, upstream_read_timeout=0.3) as (r, _counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(status(1))
+            r.hms.script("get_table", HANG)
+            reply = await asyncio.wait_for(client.call(get_table(2)), 30)
+            assert header_of(reply).type == MessageType.EXCEPTION and seqid_of(reply) == 2
+            assert flown == ["get_table"]
+            error = result_of(reply)
+            assert isinstance(error, TApplicationException)
+            assert "sent nothing for 0.3 s" in str(error.message)
+            outcome = "timeout"
+            assert (
+                r.sample("hmsproxy_upstream_requests_total", method="get_table", outcome=outcome)
+                == 1
+            )
+            assert r.active == 0 and r.idle == 0  # its reply may still come: closed
+            assert result_of(await client.call(status(3))).success == 2  # a new one
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_reply_in_pieces_is_answered_once_whole(flown: list[str]) -> None:
+    async def run() -> None:
+        async with listening(cache=False) as (r, counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(status(1))
+            split = Split()
+            r.hms.script("get_table", split)
+            await client.send(get_table(2))
+            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            for _ in range(20):
+                await asyncio.sleep(0.001)
+            assert not client.reader._buffer  # half a reply is not sent
+            split.gate.set()
+            reply = await client.reply()
+            assert reply == r.hms.answer("get_table", 2, dbname=DB, tbl_name=T)
+            assert counted.calls == 1
+            assert flown == ["get_table"]
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_request_arriving_while_a_call_is_in_flight_is_answered_after_it(
+    flown: list[str],
+) -> None:
+    async def run() -> None:
+        async with listening(cache=False) as (r, _counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            other = await connect(r, port)
+            held = Slow()  # two calls at once: two pooled connections
+            r.hms.script("getStatus", held)
+            await other.send(status(7))
+            await until(lambda: r.hms.calls["getStatus"] == 1, "the first call")
+            await client.call(status(1))
+            held.gate.set()
+            assert seqid_of(await other.reply()) == 7
+            await until(lambda: r.idle == 2, "two idle connections")
+            slow = Slow()
+            r.hms.script("get_table", slow)
+            await client.send(get_table(2))
+            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            await client.send(status(3))  # a pipelining client, in a piece of its own
+            for _ in range(50):
+                await asyncio.sleep(0.001)
+            assert not client.reader._buffer
+            assert flown == ["get_table"]
+            assert r.hms.calls["getStatus"] == 2  # it waits for the call in flight
+            slow.gate.set()
+            assert [seqid_of(await client.reply()) for _ in range(2)] == [2, 3]
+            await client.close()
+            await other.close()
+
+    asyncio.run(run())
+
+
+def test_a_removed_method_found_out_in_flight_is_bridged(flown: list[str]) -> None:
+    async def run() -> None:
+        async with listening(cache=False, removed=("get_table",)) as (r, counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(status(1))
+            for seqid in (2, 3):  # found out in flight, then known: the ordinary way
+                reply = await client.call(get_table(seqid))
+                assert header_of(reply).type == MessageType.REPLY
+                assert result_of(reply).success.tableName == T
+            assert r.hms.calls["get_table"] == 1 and r.hms.calls["get_table_req"] == 2
+            assert counted.calls == 3
+            assert flown == ["get_table"]
+            await client.close()
+
+    asyncio.run(run())
+
+
+# A reply that is no message (a bad protocol version), and one to another call.
+BAD = b"\x80\x09\x00\x02\x00\x00\x00\x09getStatus\x00\x00\x00\x02\x00"
+
+
+@pytest.mark.parametrize(
+    "reply", [lambda seqid: BAD, lambda seqid: idl.encode_call("getStatus", seqid + 1)]
+)
+def test_a_bad_reply_is_answered_with_an_error_and_its_connection_closed(
+    reply: Callable[[int], bytes],
+    flown: list[str],
+) -> None:
+    async def run() -> None:
+        async with listening(cache=False) as (r, _counted, port):
+            client = await connect(r, port)
+            await client.call(status(1))
+            r.hms.raw_replies["getStatus"] = reply
+            answer = await asyncio.wait_for(client.call(status(2)), 30)
+            error = result_of(answer)
+            assert isinstance(error, TApplicationException) and seqid_of(answer) == 2
+            assert flown == ["getStatus"]
+            assert "metastore call failed" in str(error.message)
+            failed = r.sample(
+                "hmsproxy_upstream_requests_total", method="getStatus", outcome="protocol_error"
+            )
+            assert failed == 1
+            assert r.active == 0 and r.idle == 0
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_stopping_server_lets_a_call_in_flight_finish_then_closes_its_connection(
+    flown: list[str],
+) -> None:
+    async def run() -> None:
+        async with serving(cache=False) as (r, _counted, port, server):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(status(1))
+            slow = Slow()
+            r.hms.script("get_table", slow)
+            await client.send(get_table(2))
+            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            stopping = asyncio.create_task(server.stop(30))
+            await asyncio.sleep(0.05)
+            assert not stopping.done()
+            assert flown == ["get_table"]
+            slow.gate.set()
+            assert seqid_of(await client.reply()) == 2
+            await until(stopping.done, "the stop, once the call in flight was answered")
+            assert await asyncio.wait_for(client.reader.read(), 30) == b""
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_call_in_flight_longer_than_the_idle_timeout_keeps_its_connection(
+    flown: list[str],
+) -> None:
+    async def run() -> None:
+        async with listening(cache=False, client_idle_timeout=0.2) as (r, _counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(status(1))
+            slow = Slow()
+            r.hms.script("get_table", slow)
+            await client.send(get_table(2))
+            await asyncio.sleep(0.6)
+            slow.gate.set()
+            assert flown == ["get_table"]
+            assert seqid_of(await client.reply()) == 2
+            assert r.sample("hmsproxy_client_errors_total", reason="idle") == 0
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_flight_is_what_answers_these_calls(flown: list[str]) -> None:
+    async def run() -> None:
+        async with listening(cache=False) as (r, _counted, port):
+            client = await connect(r, port)
+            for seqid in (1, 2, 3):
+                await client.call(status(seqid))
+            assert flown == ["getStatus", "getStatus"]  # (the first opened the connection)
+            await client.close()
+
+    asyncio.run(run())
