@@ -284,6 +284,7 @@ class ThriftServer:
     async def stop(self, drain_timeout: float) -> None:
         """Stop accepting, let calls in flight finish (up to ``drain_timeout``), close the rest."""
         self.stopping = True
+        until = asyncio.get_running_loop().time() + drain_timeout
         if self._server is not None:
             self._server.close()
         for session in list(self._sessions.values()):
@@ -302,7 +303,8 @@ class ThriftServer:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         if self.finishing:  # (their sessions ended first: nothing waited for them)
-            _, pending = await asyncio.wait(self.finishing, timeout=drain_timeout)
+            left = max(0.0, until - asyncio.get_running_loop().time())
+            _, pending = await asyncio.wait(self.finishing, timeout=left)
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
@@ -346,8 +348,10 @@ class _ClientProtocol(asyncio.StreamReaderProtocol):
                     answered = True
                 if answered:
                     return
-                session.waiting = False  # the session's read gets these bytes: no shortcut
-            # What the session's own way does may change what this connection is answered.
+            # The session's read gets these bytes: nothing is answered here before they are
+            # (a call in flight meanwhile, say); what it does may change what this
+            # connection is answered.
+            session.waiting = False
             session.again = None
         super().data_received(data)
 
@@ -485,18 +489,23 @@ class _Session:
         """The call in flight was answered: the session may go on."""
         self.flight = None
         self.answered_at = self.loop.time()
-        if self._after_flight is not None:
-            self._after_flight.set_result(None)
-            self._after_flight = None
+        waiting = self._after_flight
+        if waiting is not None and not waiting.done():  # (not if a stop cancelled it)
+            waiting.set_result(None)
         if self.server.stopping:
             self.writer.close()  # (as the ordinary way ends a session after its call)
 
-    async def _flight_landed(self) -> None:
+    async def _flight_landed(self) -> bool:
         """Wait for the call in flight to be answered (bytes came meanwhile: a client that
-        pipelines is answered in order)."""
-        if self.flight is not None:
-            self._after_flight = self.loop.create_future()
+        pipelines, or ends its side, is answered first); whether there was one."""
+        if self.flight is None:
+            return False
+        self._after_flight = self.loop.create_future()
+        try:
             await self._after_flight
+        finally:
+            self._after_flight = None
+        return True
 
     def _write_now(self, reply: bytes) -> None:
         self.client._write(self.client.transport.frame(reply))
@@ -510,6 +519,8 @@ class _Session:
         except (ConnectionError, ClientGone) as exc:
             log.debug("%s: connection ended: %s", self.state.peer, exc)
         finally:
+            if self.flight is not None:  # (cancelled by a stop while it waited for it)
+                self.flight.abandon()
             self.server.handler.end_session(self.state)
             self.writer.close()
             with contextlib.suppress(Exception):
@@ -526,9 +537,14 @@ class _Session:
                 if self.server.stopping:
                     return
                 data = await self._read()
+                if await self._flight_landed():
+                    if self.server.stopping:
+                        return  # (as the ordinary way stops after its call)
+                    # What came meanwhile is the start of the next request: its clock
+                    # starts now, as it would have had the call been answered first.
+                    self._message_deadline = self.loop.time() + self.options.client_message_timeout
                 if data is None:
                     return
-                await self._flight_landed()
                 self.requests.feed(data)
                 continue
             if message.header.type not in (MessageType.CALL, MessageType.ONEWAY):

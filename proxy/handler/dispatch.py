@@ -87,7 +87,7 @@ class CallHandler:
             client = NoReply(client.transport)
         label = method_label(header.name)
         spec = catalog.lookup(header.name)
-        started = time.perf_counter()
+        started = time.perf_counter() if sent is None else sent.started
         source = "upstream"
         try:
             if sent is not None:

@@ -44,15 +44,17 @@ class Flight:
 
     __slots__ = (
         "conn",
-        "deadline",
         "hand_over",
         "header",
+        "heard",
         "landed",
         "look_at_exceptions",
+        "loop",
         "metrics",
         "pool",
         "protocol",
         "started",
+        "timeout",
         "timer",
         "write",
     )
@@ -83,8 +85,10 @@ class Flight:
         self.look_at_exceptions = look_at_exceptions
         self.started = time.perf_counter()
         loop = asyncio.get_running_loop()
-        self.deadline = loop.time() + timeout
-        self.timer: asyncio.TimerHandle | None = loop.call_at(self.deadline, self._timed_out)
+        self.loop = loop
+        self.timeout = timeout  # how long the metastore may stay silent (as relay's reads)
+        self.heard = loop.time()  # when it last sent something (or the call went out)
+        self.timer: asyncio.TimerHandle | None = loop.call_at(self.heard + timeout, self._due)
         conn.replies.keep = False  # (the reply is taken whole, in one piece)
         protocol.receiver = self
 
@@ -97,6 +101,7 @@ class Flight:
             self._let_go(UpstreamProtocolError(f"bad reply: {exc}"))
             return
         if not whole:
+            self.heard = self.loop.time()  # (the timer is moved on when it comes due)
             if replies.buffered > STORE_BEFORE_REPLY_BYTES:
                 self._let_go()  # a big reply: streamed the ordinary way, with backpressure
             return
@@ -125,10 +130,10 @@ class Flight:
         self.pool.release(self.conn, reusable=True)
         label = method_label(asked.name)
         metrics = self.metrics
-        metrics.upstream_requests.labels(label, "ok").inc()
-        metrics.upstream_duration.labels(label).observe(took)
         metrics.requests.labels(label, outcome).inc()
-        if outcome != "client_gone":
+        if outcome != "client_gone":  # (counted as the ordinary way counts them)
+            metrics.upstream_requests.labels(label, "ok").inc()
+            metrics.upstream_duration.labels(label).observe(took)
             metrics.request_duration.labels(label, "upstream").observe(took)
         self.landed()
 
@@ -137,9 +142,21 @@ class Flight:
         pooled connection is retried there, as any is)."""
         self._let_go()
 
-    def _timed_out(self) -> None:
+    def abandon(self) -> None:
+        """Its session was cancelled (a stop's drain timeout): the connection is closed, its
+        reply may still come. Nothing if the ordinary way has it (or it was answered)."""
+        if self.protocol.receiver is self:
+            self._stop()
+            self.pool.discard(self.conn)
+
+    def _due(self) -> None:
+        """The read timeout since the call went out, or since bytes last came."""
+        due = self.heard + self.timeout
+        if due > self.loop.time():
+            self.timer = self.loop.call_at(due, self._due)
+            return
         self.timer = None
-        self._let_go()  # (the deadline has passed: the ordinary way times out at once)
+        self._let_go()  # (silent past the read timeout: the ordinary way times out at once)
 
     def _stop(self) -> None:
         self.protocol.receiver = None
@@ -149,4 +166,4 @@ class Flight:
 
     def _let_go(self, error: UpstreamProtocolError | None = None) -> None:
         self._stop()
-        self.hand_over(Sent(self.conn, self.deadline, self.started, error))
+        self.hand_over(Sent(self.conn, self.heard + self.timeout, self.started, error))

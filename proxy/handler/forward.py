@@ -47,8 +47,9 @@ Fallback = Callable[[], Awaitable[bool]]
 @dataclass(frozen=True, slots=True)
 class Sent:
     """A call that went out on ``conn`` as it arrived (:mod:`proxy.handler.flight`) and
-    did not end there: its reply begun or not, due by ``deadline`` (the loop's time), or
-    ``error``, what went wrong with it. ``started``: when it went out (perf_counter)."""
+    did not end there: its reply begun or not, its next bytes due by ``deadline`` (the
+    loop's time: the read timeout from the last bytes heard), or ``error``, what went wrong
+    with it. ``started``: when it went out (perf_counter)."""
 
     conn: UpstreamConnection
     deadline: float

@@ -217,6 +217,9 @@ class UpstreamPool:
             return None
         self._reads_held += 1
         conn.held_by_read = True
+        if conn.diverter is None:  # (one opener opens all: not so, but never assumed)
+            self.release(conn, reusable=True)
+            return None
         return conn
 
     def _can_bind(self, identity: Identity | None) -> bool:

@@ -17,7 +17,8 @@ answers so although it knows them (HMS 4.0.1 removed ``get_table``).
 The next calls of a method can be scripted (:meth:`~ScriptedHMS.script`): :data:`HANG` (read
 the call, never answer), :data:`HANG_UP` (close without a byte), :data:`HALF_REPLY` (half the
 reply's bytes, then close), :class:`Slow` (answer once an event is set), :class:`Split` (half
-the reply, then the rest once an event is set), :data:`UNKNOWN` (``UNKNOWN_METHOD``).
+the reply, then the rest once an event is set), :class:`Trickle` (the reply in pieces, a gap
+before each), :data:`UNKNOWN` (``UNKNOWN_METHOD``).
 """
 
 from __future__ import annotations
@@ -167,6 +168,16 @@ class Split(Action):
 
     gate: asyncio.Event = field(default_factory=asyncio.Event)
     kind: str = "split"
+
+
+@dataclass(frozen=True)
+class Trickle(Action):
+    """Send the reply in ``parts`` pieces, each ``gap`` seconds after the one before (the
+    first too)."""
+
+    parts: int = 3
+    gap: float = 0.1
+    kind: str = "trickle"
 
 
 @dataclass(frozen=True)
@@ -372,6 +383,13 @@ class ScriptedHMS:
         wire = _FRAME.pack(len(reply)) + reply if self.framed else reply
         if isinstance(action, Slow):
             await action.gate.wait()
+        if isinstance(action, Trickle):
+            size = -(-len(wire) // action.parts)
+            for at in range(0, len(wire), size):
+                await asyncio.sleep(action.gap)
+                conn.writer.write(wire[at : at + size])
+                await conn.writer.drain()
+            return
         if action is HALF_REPLY or isinstance(action, Split):
             conn.writer.write(wire[: len(wire) // 2])
             await conn.writer.drain()

@@ -14,9 +14,12 @@ import pytest
 from thrift.Thrift import TApplicationException
 
 from proxy import idl
+from proxy.handler import SessionState, dispatch
 from proxy.handler.flight import Flight
+from proxy.handler.session import NoReply
 from proxy.server import ThriftServer
-from proxy.wire.binary import MessageType
+from proxy.wire.binary import MessageType, encode_header
+from proxy.wire.framing import Transport, whole_message
 from tests.rig.raw import seqid_of
 from tests.unit.inprocess import Rig, rig
 from tests.unit.scripted_hms import (
@@ -25,6 +28,7 @@ from tests.unit.scripted_hms import (
     HANG_UP,
     Slow,
     Split,
+    Trickle,
     header_of,
     result_of,
     until,
@@ -388,5 +392,214 @@ def test_a_flight_is_what_answers_these_calls(flown: list[str]) -> None:
                 await client.call(status(seqid))
             assert flown == ["getStatus", "getStatus"]  # (the first opened the connection)
             await client.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("size", [0, 600_000])  # held whole, or handed over to be streamed
+def test_the_read_timeout_bounds_each_silence_not_the_whole_reply(
+    flown: list[str], size: int
+) -> None:
+    async def run() -> None:
+        async with listening(cache=False, upstream_read_timeout=0.3) as (r, _counted, port):
+            r.hms.add_table(DB, T, big="x" * size)
+            client = await connect(r, port)
+            await client.call(status(1))
+            r.hms.script("get_table", Trickle(parts=4, gap=0.2))  # 0.8 s in all
+            reply = await asyncio.wait_for(client.call(get_table(2)), 30)
+            assert reply == r.hms.answer("get_table", 2, dbname=DB, tbl_name=T)
+            assert flown == ["get_table"]
+            assert r.requests("get_table", "ok") == 1 and r.idle == 1
+            took = r.sample(
+                "hmsproxy_request_duration_seconds_sum", method="get_table", source="upstream"
+            )
+            assert took >= 0.8  # timed from when it went out, whichever way finished it
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_stop_sends_nothing_a_client_pipelined_behind_a_call_in_flight(
+    flown: list[str],
+) -> None:
+    async def run() -> None:
+        async with serving(cache=False) as (r, _counted, port, server):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(status(1))
+            slow = Slow()
+            r.hms.script("get_table", slow)
+            await client.send(get_table(2))
+            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            new = idl.module().Table(tableName=T, dbName=DB, parameters={"v": "2"})
+            write = idl.encode_call("alter_table", 3, dbname=DB, tbl_name=T, new_tbl=new)
+            await client.send(write)
+            for _ in range(20):
+                await asyncio.sleep(0.001)
+            stopping = asyncio.create_task(server.stop(30))
+            await asyncio.sleep(0.01)
+            slow.gate.set()
+            await until(stopping.done, "the stop")
+            got = b""
+            while chunk := await asyncio.wait_for(client.reader.read(1 << 16), 30):
+                got += chunk
+            # The call in flight answered, then the connection closed, as the ordinary way
+            # stops after the call it is answering: the write never went out.
+            assert got == r.hms.answer("get_table", 2, dbname=DB, tbl_name=T)
+            assert r.hms.calls["alter_table"] == 0
+            assert flown == ["get_table"]
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_stop_that_gives_up_on_a_call_in_flight_closes_its_connection(
+    flown: list[str],
+) -> None:
+    async def run() -> None:
+        async with serving(cache=False) as (r, _counted, port, server):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(status(1))
+            slow = Slow()
+            r.hms.script("get_table", slow)
+            await client.send(get_table(2))
+            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            await client.send(status(3))  # (the session waits for the call in flight)
+            await asyncio.sleep(0.01)
+            await server.stop(0.1)  # the drain timeout passes first
+            assert flown == ["get_table"]
+            assert r.active == 0 and r.idle == 0  # its reply may still come: closed
+            slow.gate.set()
+            await asyncio.sleep(0.05)
+            assert r.active == 0 and r.idle == 0 and r.hms.calls["getStatus"] == 1
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_client_that_ends_its_side_after_its_call_still_gets_the_reply(
+    flown: list[str],
+) -> None:
+    async def run() -> None:
+        async with listening(cache=False) as (r, _counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(status(1))
+            slow = Slow()
+            r.hms.script("get_table", slow)
+            await client.send(get_table(2))
+            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            client.writer.write_eof()
+            await asyncio.sleep(0.01)
+            slow.gate.set()
+            got = b""
+            while chunk := await asyncio.wait_for(client.reader.read(1 << 16), 30):
+                got += chunk
+            assert got == r.hms.answer("get_table", 2, dbname=DB, tbl_name=T)
+            assert flown == ["get_table"] and r.idle == 1
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_request_begun_during_a_call_in_flight_has_its_time_from_the_reply(
+    flown: list[str],
+) -> None:
+    async def run() -> None:
+        async with listening(cache=False, client_message_timeout=0.3) as (r, _counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(status(1))
+            slow = Slow()
+            r.hms.script("get_table", slow)
+            await client.send(get_table(2))
+            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            second = status(3)
+            await client.send(second[:5])
+            await asyncio.sleep(0.5)  # longer than a request may take to arrive
+            slow.gate.set()
+            assert seqid_of(await client.reply()) == 2
+            await client.send(second[5:])
+            assert seqid_of(await asyncio.wait_for(client.reply(), 30)) == 3
+            assert r.sample("hmsproxy_client_errors_total", reason="timeout") == 0
+            assert flown == ["get_table"]
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_client_gone_before_its_reply_leaves_the_connection_pooled(flown: list[str]) -> None:
+    async def run() -> None:
+        async with listening(cache=False) as (r, _counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(status(1))
+            slow = Slow()
+            r.hms.script("get_table", slow)
+            await client.send(get_table(2))
+            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            await client.close()
+            await asyncio.sleep(0.01)
+            slow.gate.set()
+            await until(lambda: r.idle == 1, "the connection given back")
+            assert flown == ["get_table"] and r.active == 0
+            # (the reply written to a socket the client closed may yet be taken by the
+            # kernel: "ok" or "client_gone", as the ordinary way would count it)
+            counted = r.requests("get_table", "ok") + r.requests("get_table", "client_gone")
+            assert counted == 1
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_what_goes_as_it_arrives_is_exactly_what_handle_only_forwards(
+    cache: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every method of the IDL, and one it does not know, as a two-way call, as a oneway
+    call, and on a pinned session: forwards_plainly holds exactly when handle() takes its
+    plain forward (its other ways recorded instead of run)."""
+    taken: list[str] = []
+
+    async def plain(*args: Any, **kwargs: Any) -> str:
+        taken.append("plain")
+        return "ok"
+
+    def other(way: str) -> Callable[..., Any]:
+        async def record(*args: Any, **kwargs: Any) -> Any:
+            taken.append(way)
+            return "ok"
+
+        return record
+
+    async def run() -> None:
+        async with rig(cache=cache) as r:
+            handler = r.handler
+            monkeypatch.setattr(handler, "_forward", plain)
+            for name in ("set_ugi", "delegation_token", "pinned_call"):
+                monkeypatch.setattr(handler.identities, name, other(name))
+            if handler.writes is not None:
+                monkeypatch.setattr(handler.writes, "locking", other("locking"))
+                monkeypatch.setattr(handler.writes, "write", other("write"))
+            monkeypatch.setattr(dispatch, "cached_read", other("cached"))
+            names = [*sorted(idl.method_names()), "no_such_method"]
+            pinned = SessionState("pinned")
+            pinned.pinned = object()  # type: ignore[assignment]
+            checked = 0
+            for name in names:
+                for kind in (MessageType.CALL, MessageType.ONEWAY):
+                    for session in (SessionState("plain"), pinned):
+                        data = encode_header(name, kind, 1) + b"\x00"
+                        message = whole_message(data, Transport.BUFFERED, 1 << 20)
+                        assert message is not None
+                        taken.clear()
+                        plainly = handler.forwards_plainly(session, message.header)
+                        await handler.handle(session, message, NoReply(Transport.BUFFERED))
+                        way = taken[0] if len(taken) == 1 else None
+                        oneway = kind == MessageType.ONEWAY or name in idl.oneway_methods()
+                        simply = way == "plain" and not oneway and session is not pinned
+                        assert plainly == simply, (name, kind, session.peer, way)
+                        checked += 1
+            assert checked == 4 * len(names)
 
     asyncio.run(run())
