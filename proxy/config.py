@@ -777,6 +777,14 @@ class Options:
         "system (glibc's malloc_trim: a few ms on the event loop); 0: never",
         metavar="SECONDS",
     )
+    forward_at_once: str = _opt(
+        "on",
+        choice("on", "off"),
+        "a call the proxy only forwards goes to the metastore as it arrives, and its reply "
+        "(up to 256 KiB) to the client as it comes back, from the sockets' callbacks; off: "
+        "every forwarded call takes the ordinary, awaited way (a session task woken for each)",
+        metavar="on|off",
+    )
     event_loop: str = _opt(
         "auto",
         choice("auto", "uvloop", "asyncio"),

@@ -395,6 +395,7 @@ class _Session:
         self.again: Again | None = None  # the call answered last that way (see answer_now)
         # A call only forwarded, sent as it arrived, whose reply has not gone out yet; and
         # what the session's task waits on meanwhile, if it has a request of its own.
+        self.at_once = self.options.forward_at_once == "on"
         self.flight: Flight | None = None
         self._after_flight: asyncio.Future[None] | None = None
         self.loop = asyncio.get_running_loop()
@@ -431,6 +432,8 @@ class _Session:
         handler = self.server.handler
         transport = self.client.transport
         if handler.cache is None:  # nothing is a hit: a call only forwarded may go at once
+            if not self.at_once:
+                return False
             whole = whole_message(data, transport, self.options.max_request_bytes)
             return whole is not None and self._forward_now(whole)
         # A call the client made before, byte for byte but for the seqid, is known without
@@ -461,6 +464,8 @@ class _Session:
 
     def _forward_now(self, message: Message) -> bool:
         """Send a call only forwarded to the metastore at once (see proxy.handler.flight)."""
+        if not self.at_once:
+            return False
         handover = functools.partial(self._hand_over, message)
         flight = self.server.handler.forward_now(
             self.state, message, self._write_now, handover, self._landed
