@@ -397,6 +397,7 @@ class _Session:
         # what the session's task waits on meanwhile, if it has a request of its own.
         self.at_once = self.options.forward_at_once == "on"
         self.flight: Flight | None = None
+        self.ended = False  # a call in flight found its client gone: the session ends
         self._after_flight: asyncio.Future[None] | None = None
         self.loop = asyncio.get_running_loop()
 
@@ -482,18 +483,23 @@ class _Session:
         task.add_done_callback(self.server.finishing.discard)
 
     async def _finish(self, message: Message, sent: Sent) -> None:
+        gone = False
         try:
             await self.server.handler.handle(self.state, message, self.client, sent)
         except (ConnectionError, ClientGone) as exc:
             log.debug("%s: connection ended: %s", self.state.peer, exc)
-            self.writer.close()
+            gone = True
         finally:
-            self._landed()
+            self._landed(gone)
 
-    def _landed(self) -> None:
-        """The call in flight was answered: the session may go on."""
+    def _landed(self, gone: bool = False) -> None:
+        """The call in flight was answered (``gone``: or its client found gone, which ends
+        the session, as the ordinary way's ClientGone does): the session may go on."""
         self.flight = None
         self.answered_at = self.loop.time()
+        if gone:
+            self.ended = True
+            self.writer.close()
         waiting = self._after_flight
         if waiting is not None and not waiting.done():  # (not if a stop cancelled it)
             waiting.set_result(None)
@@ -523,6 +529,9 @@ class _Session:
             await self._serve()
         except (ConnectionError, ClientGone) as exc:
             log.debug("%s: connection ended: %s", self.state.peer, exc)
+            # A call in flight meanwhile (the client reset its connection, say) ends as the
+            # ordinary way's would: answered to nobody, counted, its connection given back.
+            await self._flight_landed()
         finally:
             if self.flight is not None:  # (cancelled by a stop while it waited for it)
                 self.flight.abandon()
@@ -543,8 +552,8 @@ class _Session:
                     return
                 data = await self._read()
                 if await self._flight_landed():
-                    if self.server.stopping:
-                        return  # (as the ordinary way stops after its call)
+                    if self.server.stopping or self.ended:
+                        return  # (as the ordinary way stops after its call, or its client)
                     # What came meanwhile is the start of the next request: its clock
                     # starts now, as it would have had the call been answered first.
                     self._message_deadline = self.loop.time() + self.options.client_message_timeout

@@ -170,7 +170,7 @@ class CallHandler:
         message: Message,
         write: Callable[[bytes], None],
         hand_over: Callable[[Sent], None],
-        landed: Callable[[], None],
+        landed: Callable[[bool], None],
     ) -> Flight | None:
         """Send a call only forwarded (:meth:`forwards_plainly`) on an idle pooled
         connection at once, its reply to be written with ``write`` as it arrives (see

@@ -39,8 +39,9 @@ _REPLY_TYPES = (MessageType.REPLY, MessageType.EXCEPTION)
 class Flight:
     """One call under way on ``conn``, written already; its reply goes to ``write`` (which
     frames it for the client and raises ConnectionError when the client is gone). Ends with
-    ``landed()`` once answered, or with ``hand_over(sent)`` when the ordinary way must
-    finish it (and then call ``landed``)."""
+    ``landed(gone)`` once answered (``gone``: the client was not there to take it), or
+    with ``hand_over(sent)`` when the ordinary way must finish it (and then call
+    ``landed``)."""
 
     __slots__ = (
         "conn",
@@ -68,7 +69,7 @@ class Flight:
         metrics: Metrics,
         write: Callable[[bytes], None],
         hand_over: Callable[[Sent], None],
-        landed: Callable[[], None],
+        landed: Callable[[bool], None],
         timeout: float,
         *,
         look_at_exceptions: bool = False,
@@ -95,6 +96,10 @@ class Flight:
     def data_received(self, data: bytes) -> None:
         replies = self.conn.replies
         replies.feed(data)
+        if replies.buffered > STORE_BEFORE_REPLY_BYTES:
+            self.heard = self.loop.time()
+            self._let_go()  # a big reply: streamed the ordinary way, with backpressure
+            return
         try:
             whole = replies.complete()
         except ProtocolError as exc:
@@ -102,8 +107,6 @@ class Flight:
             return
         if not whole:
             self.heard = self.loop.time()  # (the timer is moved on when it comes due)
-            if replies.buffered > STORE_BEFORE_REPLY_BYTES:
-                self._let_go()  # a big reply: streamed the ordinary way, with backpressure
             return
         header = replies.header
         assert header is not None
@@ -131,11 +134,12 @@ class Flight:
         label = method_label(asked.name)
         metrics = self.metrics
         metrics.requests.labels(label, outcome).inc()
-        if outcome != "client_gone":  # (counted as the ordinary way counts them)
+        gone = outcome == "client_gone"
+        if not gone:  # (counted as the ordinary way counts them)
             metrics.upstream_requests.labels(label, "ok").inc()
             metrics.upstream_duration.labels(label).observe(took)
             metrics.request_duration.labels(label, "upstream").observe(took)
-        self.landed()
+        self.landed(gone)
 
     def ended(self) -> None:
         """The connection ended before the whole reply: the ordinary way says how (a stale

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -128,15 +130,16 @@ def test_with_the_cache_on_only_calls_it_does_not_answer_or_watch_go_as_they_arr
     asyncio.run(run())
 
 
-def test_a_reply_too_big_to_hold_is_streamed_the_ordinary_way(flown: list[str]) -> None:
+@pytest.mark.parametrize("size", [300_000, 600_000])  # (one read may hold 300 KB whole)
+def test_a_reply_too_big_to_hold_is_streamed_the_ordinary_way(flown: list[str], size: int) -> None:
     async def run() -> None:
         async with listening(cache=False) as (r, counted, port):
-            r.hms.add_table(DB, T, big="x" * 600_000)
+            r.hms.add_table(DB, T, big="x" * size)
             client = await connect(r, port)
             await client.call(status(1))
             reply = await client.call(get_table(2))
             assert reply == r.hms.answer("get_table", 2, dbname=DB, tbl_name=T)
-            assert len(reply) > 600_000
+            assert len(reply) > size
             assert flown == ["get_table"]
             assert counted.calls == 2  # sent as it came, finished the ordinary way
             assert r.hms.calls["get_table"] == 1 and len(r.hms.connections) == 1
@@ -615,5 +618,55 @@ def test_forward_at_once_off_takes_the_ordinary_way_for_every_call(flown: list[s
                 assert reply == r.hms.answer("get_table", seqid, dbname=DB, tbl_name=T)
             assert flown == [] and counted.calls == 3
             await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_call_in_flight_whose_client_is_gone_ends_the_session_with_nothing_more_sent(
+    flown: list[str],
+) -> None:
+    async def run() -> None:
+        async with listening(cache=False) as (r, _counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(status(1))
+            r.hms.script("get_table", Split())
+            await client.send(get_table(2))
+            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            new = idl.module().Table(tableName=T, dbName=DB, parameters={"v": "2"})
+            write = idl.encode_call("alter_table", 3, dbname=DB, tbl_name=T, new_tbl=new)
+            await client.send(write)  # pipelined behind it
+            await asyncio.sleep(0.02)
+            r.hms.connections[0].close()  # the metastore hangs up halfway through the reply
+            while await asyncio.wait_for(client.reader.read(1 << 16), 30):
+                pass
+            await asyncio.sleep(0.05)
+            assert flown == ["get_table"]
+            assert r.hms.calls["alter_table"] == 0  # as the ordinary way, which ends there
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_client_that_resets_its_connection_in_flight_is_counted_gone(
+    flown: list[str],
+) -> None:
+    async def run() -> None:
+        async with listening(cache=False) as (r, _counted, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(status(1))
+            slow = Slow()
+            r.hms.script("get_table", slow)
+            await client.send(get_table(2))
+            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            sock = client.writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.writer.transport.abort()  # a reset, not an end
+            await asyncio.sleep(0.05)
+            slow.gate.set()
+            await until(lambda: r.idle == 1, "the connection given back, its reply read")
+            assert flown == ["get_table"]
+            assert r.requests("get_table", "client_gone") == 1 and r.active == 0
 
     asyncio.run(run())
