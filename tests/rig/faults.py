@@ -55,6 +55,11 @@ class FaultyRelay:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # A closed transport lets its socket go a loop turn later (connection_lost runs
+            # from call_soon): turns for them, or the loop stops first and the sockets are
+            # warned about (ResourceWarning) in whichever test runs next.
+            for _ in range(3):
+                await asyncio.sleep(0)
 
         asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)

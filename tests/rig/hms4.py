@@ -98,6 +98,8 @@ class Hms401:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            for _ in range(3):  # (closed transports let their sockets go a turn later)
+                await asyncio.sleep(0)
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
