@@ -433,10 +433,7 @@ class _Session:
         handler = self.server.handler
         transport = self.client.transport
         if handler.cache is None:  # nothing is a hit: a call only forwarded may go at once
-            if not self.at_once:
-                return False
-            whole = whole_message(data, transport, self.options.max_request_bytes)
-            return whole is not None and self._forward_now(whole)
+            return self._forward_now(data, None)
         # A call the client made before, byte for byte but for the seqid, is known without
         # finding its end or decoding it (the same bytes were one whole message then).
         repeat = call_without_seqid(data, transport)
@@ -456,17 +453,17 @@ class _Session:
         self.again = None
         if ready is True:  # assembled from partitions, nothing to keep
             return True
-        # Not a hit: a call only forwarded goes to the metastore as it arrived.
-        if message is None:
-            message = whole_message(data, transport, self.options.max_request_bytes)
-            if message is None:
-                return False
-        return self._forward_now(message)
+        return self._forward_now(data, message)  # not a hit: only forwarded, maybe
 
-    def _forward_now(self, message: Message) -> bool:
-        """Send a call only forwarded to the metastore at once (see proxy.handler.flight)."""
+    def _forward_now(self, data: bytes, message: Message | None) -> bool:
+        """Send a call only forwarded to the metastore at once (see proxy.handler.flight);
+        ``message``: what ``data`` holds, if it was found already."""
         if not self.at_once:
             return False
+        if message is None:
+            message = whole_message(data, self.client.transport, self.options.max_request_bytes)
+            if message is None:
+                return False
         handover = functools.partial(self._hand_over, message)
         flight = self.server.handler.forward_now(
             self.state, message, self._write_now, handover, self._landed
