@@ -35,7 +35,7 @@ from tests.unit.scripted_hms import (
     result_of,
     until,
 )
-from tests.unit.test_server_shortcut import DB, Counted, T, connect, get_table, listening
+from tests.unit.test_server_shortcut import DB, Client, Counted, T, connect, get_table, listening
 
 
 @pytest.fixture(autouse=True)
@@ -68,6 +68,19 @@ async def serving(**values: Any) -> AsyncIterator[tuple[Rig, Counted, int, Thrif
             yield r, counted, server.ports[0], server
         finally:
             await server.stop(0)
+
+
+async def held_in_flight(r: Rig, port: int) -> tuple[Client, Slow]:
+    """A client whose ``get_table`` (seqid 2) went out as it arrived and is held at the
+    metastore until the gate returned is set (its connection pooled by a first call)."""
+    r.hms.add_table(DB, T, v="1")
+    client = await connect(r, port)
+    await client.call(status(1))
+    slow = Slow()
+    r.hms.script("get_table", slow)
+    await client.send(get_table(2))
+    await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+    return client, slow
 
 
 @pytest.mark.parametrize("transport", ["buffered", "framed"])
@@ -346,13 +359,7 @@ def test_a_stopping_server_lets_a_call_in_flight_finish_then_closes_its_connecti
 ) -> None:
     async def run() -> None:
         async with serving(cache=False) as (r, _counted, port, server):
-            r.hms.add_table(DB, T, v="1")
-            client = await connect(r, port)
-            await client.call(status(1))
-            slow = Slow()
-            r.hms.script("get_table", slow)
-            await client.send(get_table(2))
-            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            client, slow = await held_in_flight(r, port)
             stopping = asyncio.create_task(server.stop(30))
             await asyncio.sleep(0.05)
             assert not stopping.done()
@@ -371,12 +378,7 @@ def test_a_call_in_flight_longer_than_the_idle_timeout_keeps_its_connection(
 ) -> None:
     async def run() -> None:
         async with listening(cache=False, client_idle_timeout=0.2) as (r, _counted, port):
-            r.hms.add_table(DB, T, v="1")
-            client = await connect(r, port)
-            await client.call(status(1))
-            slow = Slow()
-            r.hms.script("get_table", slow)
-            await client.send(get_table(2))
+            client, slow = await held_in_flight(r, port)
             await asyncio.sleep(0.6)
             slow.gate.set()
             assert flown == ["get_table"]
@@ -427,13 +429,7 @@ def test_a_stop_sends_nothing_a_client_pipelined_behind_a_call_in_flight(
 ) -> None:
     async def run() -> None:
         async with serving(cache=False) as (r, _counted, port, server):
-            r.hms.add_table(DB, T, v="1")
-            client = await connect(r, port)
-            await client.call(status(1))
-            slow = Slow()
-            r.hms.script("get_table", slow)
-            await client.send(get_table(2))
-            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            client, slow = await held_in_flight(r, port)
             new = idl.module().Table(tableName=T, dbName=DB, parameters={"v": "2"})
             write = idl.encode_call("alter_table", 3, dbname=DB, tbl_name=T, new_tbl=new)
             await client.send(write)
@@ -461,13 +457,7 @@ def test_a_stop_that_gives_up_on_a_call_in_flight_closes_its_connection(
 ) -> None:
     async def run() -> None:
         async with serving(cache=False) as (r, _counted, port, server):
-            r.hms.add_table(DB, T, v="1")
-            client = await connect(r, port)
-            await client.call(status(1))
-            slow = Slow()
-            r.hms.script("get_table", slow)
-            await client.send(get_table(2))
-            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            client, slow = await held_in_flight(r, port)
             await client.send(status(3))  # (the session waits for the call in flight)
             await asyncio.sleep(0.01)
             await server.stop(0.1)  # the drain timeout passes first
@@ -486,13 +476,7 @@ def test_a_client_that_ends_its_side_after_its_call_still_gets_the_reply(
 ) -> None:
     async def run() -> None:
         async with listening(cache=False) as (r, _counted, port):
-            r.hms.add_table(DB, T, v="1")
-            client = await connect(r, port)
-            await client.call(status(1))
-            slow = Slow()
-            r.hms.script("get_table", slow)
-            await client.send(get_table(2))
-            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            client, slow = await held_in_flight(r, port)
             client.writer.write_eof()
             await asyncio.sleep(0.01)
             slow.gate.set()
@@ -511,13 +495,7 @@ def test_a_request_begun_during_a_call_in_flight_has_its_time_from_the_reply(
 ) -> None:
     async def run() -> None:
         async with listening(cache=False, client_message_timeout=0.3) as (r, _counted, port):
-            r.hms.add_table(DB, T, v="1")
-            client = await connect(r, port)
-            await client.call(status(1))
-            slow = Slow()
-            r.hms.script("get_table", slow)
-            await client.send(get_table(2))
-            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            client, slow = await held_in_flight(r, port)
             second = status(3)
             await client.send(second[:5])
             await asyncio.sleep(0.5)  # longer than a request may take to arrive
@@ -535,13 +513,7 @@ def test_a_request_begun_during_a_call_in_flight_has_its_time_from_the_reply(
 def test_a_client_gone_before_its_reply_leaves_the_connection_pooled(flown: list[str]) -> None:
     async def run() -> None:
         async with listening(cache=False) as (r, _counted, port):
-            r.hms.add_table(DB, T, v="1")
-            client = await connect(r, port)
-            await client.call(status(1))
-            slow = Slow()
-            r.hms.script("get_table", slow)
-            await client.send(get_table(2))
-            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            client, slow = await held_in_flight(r, port)
             await client.close()
             await asyncio.sleep(0.01)
             slow.gate.set()
@@ -653,13 +625,7 @@ def test_a_client_that_resets_its_connection_in_flight_is_counted_gone(
 ) -> None:
     async def run() -> None:
         async with listening(cache=False) as (r, _counted, port):
-            r.hms.add_table(DB, T, v="1")
-            client = await connect(r, port)
-            await client.call(status(1))
-            slow = Slow()
-            r.hms.script("get_table", slow)
-            await client.send(get_table(2))
-            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            client, slow = await held_in_flight(r, port)
             sock = client.writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             client.writer.transport.abort()  # a reset, not an end
