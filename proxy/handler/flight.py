@@ -26,14 +26,12 @@ from collections.abc import Callable
 
 from proxy.metrics import Metrics, method_label
 from proxy.upstream import UpstreamConnection, UpstreamPool, UpstreamProtocolError
-from proxy.upstream.relay import STORE_BEFORE_REPLY_BYTES, result_outcome
+from proxy.upstream.relay import STORE_BEFORE_REPLY_BYTES, check_reply_header, result_outcome
 from proxy.upstream.streams import DivertingProtocol
 from proxy.wire.binary import MessageHeader, MessageType
 from proxy.wire.errors import ProtocolError
 
 from .forward import Sent
-
-_REPLY_TYPES = (MessageType.REPLY, MessageType.EXCEPTION)
 
 
 class Flight:
@@ -111,9 +109,10 @@ class Flight:
         header = replies.header
         assert header is not None
         asked = self.header
-        matches = header.name == asked.name and header.seqid == asked.seqid
-        if header.type not in _REPLY_TYPES or not matches:
-            self._let_go()  # (the ordinary way says what is wrong with it)
+        try:
+            check_reply_header(asked.name, asked.seqid, header.name, header.type, header.seqid)
+        except UpstreamProtocolError:
+            self._let_go()  # (the ordinary way checks it again, and answers what is wrong)
             return
         if self.look_at_exceptions and header.type == MessageType.EXCEPTION:
             self._let_go()  # (is it UNKNOWN_METHOD? then the call is bridged)
