@@ -1,4 +1,4 @@
-"""Only here for the C scanner; all metadata lives in pyproject.toml."""
+"""Only here for the C extensions; all metadata lives in pyproject.toml."""
 
 from setuptools import Extension, setup
 
@@ -9,6 +9,12 @@ setup(
             sources=["proxy/wire/_scanner.c"],
             extra_compile_args=["-O2", "-Wall", "-Werror"],
             optional=False,
-        )
+        ),
+        Extension(
+            "proxy.cache._assemble",
+            sources=["proxy/cache/_assemble.c"],
+            extra_compile_args=["-O2", "-Wall", "-Werror"],
+            optional=False,
+        ),
     ]
 )

@@ -202,7 +202,7 @@ class Metrics:
             also=(self.stale_replies, self.shared_reads),
         )
         self.cache_partitions = _Children(
-            Counter(
+            LoopCounter(
                 "hmsproxy_cache_partitions",
                 "Partitions asked for in get_partitions_by_names, by whether the cache had them "
                 "(found or known to be absent)",

@@ -69,8 +69,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 extras="rig"
 $for_tests && extras="test"
-# Installed already for these inputs? (pyproject.toml, setup.py and the C scanner decide.)
-inputs=$(cat pyproject.toml setup.py proxy/wire/_scanner.c | sha256sum | cut -c1-16)
+# Installed already for these inputs? (pyproject.toml, setup.py and the C sources decide.)
+inputs=$(cat pyproject.toml setup.py proxy/wire/_scanner.c proxy/cache/_assemble.c | sha256sum | cut -c1-16)
 stamp=".venv/.installed-$extras-$inputs"
 if [ -f ".venv/.installed-test-$inputs" ]; then
   stamp=".venv/.installed-test-$inputs"  # [test] includes [rig]

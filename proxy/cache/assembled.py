@@ -17,9 +17,14 @@ so any change since has moved it):
    memo) to its columns, which must be the variant's (the metastore matches a name whole),
    and its entry key, as the planner does, and its item found by that key.
 3. Each item must be held, stamped with today's generation, unexpired, and named once
-   (:meth:`.l1.L1.judged_items`; an item L1 let go or replaced is retired, its stamp never
+   (:func:`.l1.judged`; an item L1 let go or replaced is retired, its stamp never
    current again, so a remembered one that fails is looked up once more by key). Then the
    reply is the HMS's: the partitions it has, in name order.
+
+When every name is remembered, steps 2 and 3 and the reply's join are one pass in C
+(:func:`answer`, the twin of :func:`py_answer`; ``_assemble.c``): in Python they were most
+of an assembled hit (docs/benchmarks.md, issue 16's twelfth step). Names not remembered yet
+are found by their keys first, then the pass is made.
 
 Anything else takes the planned way, which decides again: a name of other columns, an
 entry not in process or not judged since a change, two spellings of one partition, a name
@@ -37,11 +42,12 @@ import struct
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from proxy.cache import partitions as parts
-from proxy.cache.entry import ABSENT, Payload
+from proxy.cache.entry import ABSENT, Entry, Payload
 from proxy.cache.keys import MEMO_LONGEST, Naming, TableRef, columns_and_tail
-from proxy.cache.l1 import Item
+from proxy.cache.l1 import Item, current, judged
 from proxy.cache.plan import PartitionPlan
 from proxy.memo import BoundedMemo
 from proxy.wire.binary import TType
@@ -49,6 +55,7 @@ from proxy.wire.errors import ProtocolError
 from proxy.wire.fields import only_field, read_strings
 
 _I32 = struct.Struct(">i")
+_first = operator.itemgetter(0)
 
 # Variants remembered: a request's other arguments (a database and a table name, and the
 # Hive 3/4 fields), at most this long each, for this many variants.
@@ -141,23 +148,37 @@ class Variants:
             items = list(map(_alive, map(found.get, names, itertools.repeat(_GONE))))
             if all(items):  # (not ``None in``: that compares each item with None)
                 return items  # type: ignore[return-value]  # (no None left)
-        if self.found_names + items.count(None) > FOUND_NAMES:
-            self.forget_names()
-        prefix, columns = variant.entries, variant.columns
-        for at, item in enumerate(items):
-            if item is None:
-                name = names[at]
-                known = columns_and_tail(name)
-                # (A name of other columns names another variant's partition, or none.)
-                if known is None or known[0] != columns:
-                    return None
-                item = items[at] = peek(prefix + known[1])
-                if item is None:
-                    return None
-                if len(name) <= MEMO_LONGEST and (name in found or self.found_names < FOUND_NAMES):
-                    self.found_names += name not in found
-                    found[name] = weakref.ref(item)
+        missing = [at for at, item in enumerate(items) if item is None]
+        got = self.remember(variant, [names[at] for at in missing], peek)
+        if got is None:
+            return None
+        for at, item in zip(missing, got, strict=True):
+            items[at] = item
         return items  # type: ignore[return-value]  # (no None left)
+
+    def remember(
+        self, variant: Variant, names: list[bytes], peek: Callable[[str], Item | None]
+    ) -> list[Item] | None:
+        """Each name's partition item in process, found by its entry key (``peek``) and
+        remembered with the name; ``None`` as :meth:`items` says (looked up in order, until
+        one is not held)."""
+        if self.found_names + len(names) > FOUND_NAMES:
+            self.forget_names()
+        prefix, columns, found = variant.entries, variant.columns, variant.found
+        items = []
+        for name in names:
+            known = columns_and_tail(name)
+            # (A name of other columns names another variant's partition, or none.)
+            if known is None or known[0] != columns:
+                return None
+            item = peek(prefix + known[1])
+            if item is None:
+                return None
+            if len(name) <= MEMO_LONGEST and (name in found or self.found_names < FOUND_NAMES):
+                self.found_names += name not in found
+                found[name] = weakref.ref(item)
+            items.append(item)
+        return items
 
     def forget_names(self) -> None:
         for variant in self.memo.values():
@@ -196,3 +217,94 @@ def present(names: list[bytes], items: list[Item]) -> list[tuple[bytes, Payload]
     """Each name with its partition's bytes, for the partitions the metastore has."""
     pairs = zip(names, map(_entry, items), strict=True)
     return [(name, entry.payload) for name, entry in pairs if not entry.flags & ABSENT]
+
+
+# A reply: (the reply, or None where it is refused; whether it holds every partition named).
+Answer = tuple[bytes | None, bool]
+
+
+def py_answer(
+    found: dict[bytes, weakref.ref[Item]],
+    names: list[bytes],
+    generation: int,
+    now: float,
+    wall: float,
+    head: bytes,
+    before: bytes,
+    closing: bytes,
+    largest: int,
+    refuse_whole: bool,
+) -> Answer | list[int] | None:
+    """:func:`answer_items` of the items remembered in ``found`` with ``names``; where
+    some names are not remembered there (or their items are gone), the places of those
+    names in ``names`` if the items that are remembered are :func:`.l1.current` (``None``
+    if not)."""
+    items = list(map(_alive, map(found.get, names, itertools.repeat(_GONE))))
+    if not all(items):  # (not ``None in``: that compares each item with None)
+        held = [item for item in items if item is not None]
+        if held and not current(held, generation, now, wall):
+            return None
+        return [at for at, item in enumerate(items) if item is None]
+    held = cast(list[Item], items)  # (no None left)
+    return answer_items(
+        names, held, generation, now, wall, head, before, closing, largest, refuse_whole
+    )
+
+
+def answer_items(
+    names: list[bytes],
+    items: list[Item],
+    generation: int,
+    now: float,
+    wall: float,
+    head: bytes,
+    before: bytes,
+    closing: bytes,
+    largest: int,
+    refuse_whole: bool,
+) -> Answer | None:
+    """The reply to a request of ``names`` whose partitions' ``items`` are judged current
+    (:func:`.l1.judged`, which marks them used): ``head``, ``before``
+    (:func:`.partitions.result_framing`), the count of partitions the metastore has, those
+    partitions in name order, ``closing``, as :func:`.partitions.reply` joins them.
+    ``(None, whole)`` instead where every partition is there and ``refuse_whole``, or where
+    the reply would be longer than ``largest``. ``None``: the items are not judged current
+    (or one is named twice), nothing decided."""
+    if not judged(items, generation, now, wall):
+        return None
+    pairs = present(names, items)
+    whole = len(pairs) == len(items)
+    if whole and refuse_whole:
+        return None, True
+    if len(head) + len(before) + 4 + sum(len(p) for _, p in pairs) + len(closing) > largest:
+        return None, whole
+    pairs.sort(key=_first)
+    out: list[bytes | memoryview] = [head, before + _I32.pack(len(pairs))]
+    out.extend(p for _, p in pairs)
+    out.append(closing)
+    return b"".join(out), whole
+
+
+answer: Callable[
+    [
+        dict[bytes, weakref.ref[Item]],
+        list[bytes],
+        int,
+        float,
+        float,
+        bytes,
+        bytes,
+        bytes,
+        int,
+        bool,
+    ],
+    Answer | list[int] | None,
+] = py_answer
+try:  # C twin (see _assemble.c): the same answers, without a Python step per partition
+    from proxy.cache._assemble import answer as _c_answer
+    from proxy.cache._assemble import configure as _c_configure
+except ImportError:  # pragma: no cover - only where the extension could not be built
+    pass
+else:
+    _c_configure(Item, Entry, ABSENT)
+    answer = _c_answer

@@ -66,6 +66,31 @@ class Item:
             self.ready.retire()
 
 
+def current(items: list[Item], generation: int, now: float, wall: float) -> bool:
+    """Whether every one of ``items`` (at least one) is held, unexpired (``now`` monotonic,
+    ``wall`` Unix time) and judged current under ``generation`` (``Item.current_under``;
+    a stamp that stands says the item is held)."""
+    # A request's hundred partitions: each test one loop in C (map), not a Python
+    # iteration per partition with its attribute look-ups.
+    return not (
+        not items
+        or set(map(_stamp, items)) != {generation}
+        or min(map(_expires, items)) <= now
+        or min(map(_entry_expires, items)) <= wall
+    )
+
+
+def judged(items: list[Item], generation: int, now: float, wall: float) -> bool:
+    """Whether ``items`` are :func:`current` and distinct (two names of one partition are
+    not); if so, they are used (L1's LRU order)."""
+    if not current(items, generation, now, wall) or len(set(items)) != len(items):
+        return False
+    # Marked used rather than moved to the end: a hundred OrderedDict moves touch as much
+    # cold memory as the rest of the test (see L1._evict).
+    deque(map(setattr, items, _USED, _TRUE), maxlen=0)
+    return True
+
+
 class L1:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -106,23 +131,8 @@ class L1:
         return self._items.get(key)
 
     def judged_items(self, items: list[Item], generation: int, now: float, wall: float) -> bool:
-        """Whether ``items`` are distinct, every one held, unexpired (``now`` monotonic,
-        ``wall`` Unix time) and judged current under ``generation`` (``Item.current_under``;
-        a stamp that stands says the item is held); if so, they are used (LRU order)."""
-        # A request's hundred partitions: each test one loop in C (map), not a Python
-        # iteration per partition with its attribute look-ups.
-        if (
-            not items
-            or set(map(_stamp, items)) != {generation}
-            or len(set(items)) != len(items)  # (two names of one partition)
-            or min(map(_expires, items)) <= now
-            or min(map(_entry_expires, items)) <= wall
-        ):
-            return False
-        # Marked used rather than moved to the end: a hundred OrderedDict moves touch as
-        # much cold memory as the rest of the test (see _evict).
-        deque(map(setattr, items, _USED, _TRUE), maxlen=0)
-        return True
+        """:func:`judged` (the items are this L1's)."""
+        return judged(items, generation, now, wall)
 
     def charge(self, item: Item, size: int) -> None:
         """``item`` keeps ``size`` bytes more (what its hits prepared): counted against the

@@ -169,25 +169,43 @@ class PartitionReads:
             return None
         variant, names = known
         now, wall = time.monotonic(), time.time()
-        # The items the names had last time, else found by their keys; if those are not
-        # all current, or one is named twice, once more by the keys of the names
-        # without repeats (a partition kept again since is another item: the old one is
-        # retired, so never judged current).
-        items = self.variants.items(variant, names, l1.peek)
-        if items is None:
-            return None
-        if not l1.judged_items(items, generation, now, wall):
-            names = list(dict.fromkeys(names))  # (a name asked twice: one partition, once)
-            items = self.variants.items(variant, names, l1.peek, afresh=True)
-            if items is None or not l1.judged_items(items, generation, now, wall):
-                return None
-        found = assembled.present(names, items)
-        whole = len(found) == len(items)  # (one absent: never kept whole, see _keep_whole)
         key = self.naming.entry(variant.tag, method, args, who)  # the request's, as planned
-        if whole and (key in self.assembled_once or l1.holds(key)):
-            return None  # asked before: the planned way keeps it whole (_keep_whole), or has
-        reply = parts.reply(method, seqid, found)
-        if len(reply) > largest:
+        # Asked before (one absent: never kept whole): the planned way keeps it whole
+        # (_keep_whole), or has.
+        asked = key in self.assembled_once or l1.holds(key)
+        framing = (encode_header(method, MessageType.REPLY, seqid), *parts.result_framing(method))
+        # The items the names had last time, judged and joined in one step (C); the names
+        # not remembered yet first found by their keys and remembered...
+        found = variant.found
+        got = assembled.answer(found, names, generation, now, wall, *framing, largest, asked)
+        if isinstance(got, list):
+            if self.variants.remember(variant, [names[at] for at in got], l1.peek) is None:
+                return None  # (a name not held, or of other columns: plan it)
+            got = assembled.answer(found, names, generation, now, wall, *framing, largest, asked)
+        count = len(names)
+        if not isinstance(got, tuple):
+            # ... else found by their keys; if those are not all current, or one is named
+            # twice, once more by the keys of the names without repeats (a partition kept
+            # again since is another item: the old one is retired, so never judged current).
+            items = self.variants.items(variant, names, l1.peek)
+            if items is None:
+                return None
+            got = assembled.answer_items(
+                names, items, generation, now, wall, *framing, largest, asked
+            )
+            if got is None:
+                names = list(dict.fromkeys(names))  # (a name asked twice: one partition, once)
+                items = self.variants.items(variant, names, l1.peek, afresh=True)
+                if items is None:
+                    return None
+                got = assembled.answer_items(
+                    names, items, generation, now, wall, *framing, largest, asked
+                )
+                if got is None:
+                    return None
+            count = len(items)
+        reply, whole = got
+        if reply is None:
             return None
         if whole:
             self.assembled_once.put(key, None, len(key))
@@ -196,8 +214,7 @@ class PartitionReads:
         self.metrics.cache_lookups.labels(label, Result.HIT.value).inc()
         if self.seen is not None:
             self.seen.looked_up(variant.table, True)
-        self.metrics.cache_partitions.labels("hit").inc(len(items))
-        self.metrics.cache_partitions.labels("miss").inc(0)
+        self.metrics.cache_partitions.labels("hit").inc(count)
         return reply
 
     def hit_now(self, plan: ReadPlan, largest: int) -> Ready | None:

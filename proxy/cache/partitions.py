@@ -12,6 +12,7 @@ collation).
 
 from __future__ import annotations
 
+import functools
 import operator
 import struct
 from collections.abc import Sequence
@@ -160,16 +161,22 @@ def reply(
 _first = operator.itemgetter(0)
 
 
+@functools.cache
+def result_framing(method: str) -> tuple[bytes, bytes]:
+    """What the result struct of ``method`` holds before its partitions' count (an i32) and
+    after its partitions."""
+    listing = _LIST_OF_STRUCTS + b"\x00" + bytes((RESULT_LIST_PATH[method][-1],))
+    listing += bytes((TType.STRUCT,))
+    if method == "get_partitions_by_names":
+        return listing, b"\x00"
+    return bytes((TType.STRUCT,)) + b"\x00\x00" + listing, b"\x00\x00"
+
+
 def assemble(method: str, partitions: Sequence[bytes | memoryview], head: bytes = b"") -> bytes:
     """The result struct the HMS would send for these partitions, in this order, after
     ``head`` (the reply's header): one join, the partitions copied once."""
-    listing = _LIST_OF_STRUCTS + b"\x00" + bytes((RESULT_LIST_PATH[method][-1],))
-    listing += bytes((TType.STRUCT,)) + _I32.pack(len(partitions))
-    if method == "get_partitions_by_names":
-        opening, closing = listing, b"\x00"
-    else:
-        opening, closing = bytes((TType.STRUCT,)) + b"\x00\x00" + listing, b"\x00\x00"
-    out: list[bytes | memoryview] = [head, opening]
+    before, closing = result_framing(method)
+    out: list[bytes | memoryview] = [head, before + _I32.pack(len(partitions))]
     out.extend(partitions)
     out.append(closing)
     return b"".join(out)

@@ -515,7 +515,9 @@ def test_the_build_stage_compiles_gssapi_against_mit_krb5() -> None:
             assert "--no-install-recommends" in instruction.value, instruction.value
             assert "rm -rf /var/lib/apt/lists/*" in instruction.value, instruction.value
     # The build stage's smoke test imports gssapi: the compiled modules load the libraries.
-    assert {"gssapi", "proxy.app", "proxy.wire._scanner"} <= imported_modules(smoke_test())
+    assert {"gssapi", "proxy.app", "proxy.wire._scanner", "proxy.cache._assemble"} <= (
+        imported_modules(smoke_test())
+    )
 
 
 def debian_release() -> str:
@@ -976,13 +978,15 @@ def test_the_console_script_runs_from_the_wheel(runtime: Runtime) -> None:
 
 PROBE = """
 import importlib.metadata, importlib.util, json, sys
-import proxy, proxy.app, proxy.wire._scanner, proxy.admin._gen.admin_pb2_grpc, grpc_health.v1
+import proxy, proxy.app, proxy.wire._scanner, proxy.cache._assemble
+import proxy.admin._gen.admin_pb2_grpc, grpc_health.v1
 import proxy.auth, gssapi, gssapi.raw
 from proxy import idl
 absent = [n for n in sys.argv[1:] if importlib.util.find_spec(n) is None]
 print(json.dumps({
     "proxy": proxy.__file__,
     "scanner": proxy.wire._scanner.__file__,
+    "assemble": proxy.cache._assemble.__file__,
     "idl": str(idl.idl_dir()),
     "methods": len(idl.method_names()),
     "gssapi": gssapi.__file__,
@@ -1017,8 +1021,9 @@ def test_the_package_runs_from_the_wheel_alone(runtime: Runtime) -> None:
     probe = json.loads(result.stdout)
     package = runtime.site / "proxy"
     assert Path(probe["proxy"]) == package / "__init__.py"
-    assert Path(probe["scanner"]).parent == package / "wire"
-    assert Path(probe["scanner"]).name.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+    for name, where in (("scanner", "wire"), ("assemble", "cache")):
+        assert Path(probe[name]).parent == package / where
+        assert Path(probe[name]).name.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
     assert Path(probe["idl"]) == package / "_idl"
     assert probe["methods"] > 100
     # The extra [kerberos]: gssapi from the runtime dependencies, with the credential-store
