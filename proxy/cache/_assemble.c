@@ -10,8 +10,9 @@
  * twin's, which stays as reference and fallback; tests hold the two to the same answers.
  *
  * configure() learns where Item's and Entry's slots are (their member descriptors), once;
- * answer() refuses (None) anything it is not sure of, and the caller then takes the way
- * that decides everything in Python.
+ * answer() refuses (None) anything it is not sure of (it is stricter than the twin where
+ * the types are not the ones L1 keeps: a stamp that is not an int, say), and the caller then
+ * takes the way that decides everything in Python.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -41,7 +42,9 @@ static int slot_offset(PyTypeObject *type, const char *name, Py_ssize_t *offset)
     PyObject *descr = PyObject_GetAttrString((PyObject *)type, name);
     if (descr == NULL)
         return -1;
+    /* (the type's own: another class's descriptor would give another layout's offset) */
     int ok = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+             PyDescr_TYPE(descr) == type &&
              ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
     if (ok)
         *offset = ((PyMemberDescrObject *)descr)->d_member->offset;
@@ -72,11 +75,12 @@ static PyObject *configure(PyObject *module, PyObject *const *args, Py_ssize_t n
         slot_offset(l.entry_type, "payload", &l.payload) < 0 ||
         slot_offset(l.entry_type, "expires_at", &l.entry_expires_at) < 0)
         return NULL;
-    Py_XDECREF(layout.item_type);
-    Py_XDECREF(layout.entry_type);
     Py_INCREF(l.item_type);
     Py_INCREF(l.entry_type);
+    Layout old = layout;
     layout = l;
+    Py_XDECREF(old.item_type);
+    Py_XDECREF(old.entry_type);
     Py_RETURN_NONE;
 }
 
@@ -141,17 +145,42 @@ static int has_twice(PyObject **items, Py_ssize_t n, int *failed) {
     return twice;
 }
 
+/* ``ref``'s object, a new reference (NULL: gone, or not a weak reference). */
+static PyObject *alive(PyObject *ref) {
+    if (ref == NULL || !PyWeakref_CheckRef(ref))
+        return NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *obj = NULL;
+    if (PyWeakref_GetRef(ref, &obj) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return obj;
+#else
+    PyObject *obj = PyWeakref_GET_OBJECT(ref);
+    if (obj == Py_None)
+        return NULL;
+    Py_INCREF(obj);
+    return obj;
+#endif
+}
+
 /*
- * answer(found, names, generation, now, wall, head, prefix, closing, largest, refuse_whole)
+ * answer(found, names, generation, now, wall, head, before, closing, largest)
  * -> None | (reply | None, whole) | [index of a name not remembered, ...]: see
  * proxy.cache.assembled.py_answer.
+ *
+ * Every item and payload used is held by a strong reference until the end, so nothing the
+ * pass reads can go, whatever runs meanwhile (a collection, a finalizer).
  */
 static PyObject *answer(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 10 || !PyDict_Check(args[0]) || !PyList_Check(args[1]) ||
-        !PyBytes_Check(args[5]) || !PyBytes_Check(args[6]) || !PyBytes_Check(args[7])) {
+    if (nargs != 9 || !PyDict_Check(args[0]) || !PyList_Check(args[1]) ||
+        !PyLong_Check(args[2]) || !PyFloat_Check(args[3]) || !PyFloat_Check(args[4]) ||
+        !PyBytes_Check(args[5]) || !PyBytes_Check(args[6]) || !PyBytes_Check(args[7]) ||
+        !PyLong_Check(args[8])) {
         PyErr_SetString(PyExc_TypeError,
-                        "answer(found, names, generation, now, wall, head, prefix, closing, "
-                        "largest, refuse_whole)");
+                        "answer(found: dict, names: list, generation: int, now: float, "
+                        "wall: float, head: bytes, before: bytes, closing: bytes, largest: int)");
         return NULL;
     }
     if (layout.item_type == NULL) {
@@ -160,28 +189,33 @@ static PyObject *answer(PyObject *module, PyObject *const *args, Py_ssize_t narg
     }
     PyObject *found = args[0], *names = args[1];
     long long generation = PyLong_AsLongLong(args[2]);
-    double now = PyFloat_AsDouble(args[3]), wall = PyFloat_AsDouble(args[4]);
-    Py_ssize_t largest = PyLong_AsSsize_t(args[8]);
-    int refuse_whole = PyObject_IsTrue(args[9]);
-    if (PyErr_Occurred() || refuse_whole < 0)
+    if (generation == -1 && PyErr_Occurred())
         return NULL;
+    double now = PyFloat_AS_DOUBLE(args[3]), wall = PyFloat_AS_DOUBLE(args[4]);
+    Py_ssize_t largest = PyLong_AsSsize_t(args[8]);
+    if (largest == -1 && PyErr_Occurred())
+        return NULL;
+    if (largest < 0)
+        largest = -1;  /* (no reply fits; and largest - total cannot overflow below) */
     Py_ssize_t n = PyList_GET_SIZE(names);
     if (n == 0)
         Py_RETURN_NONE;
 
-    PyObject *result = NULL;
-    PyObject **items = PyMem_Malloc((size_t)n * sizeof(PyObject *));
+    PyObject *result = NULL, *reply = NULL;
+    PyObject **items = PyMem_Calloc((size_t)n, sizeof(PyObject *));  /* strong references */
+    PyObject **held = PyMem_Calloc((size_t)n, sizeof(PyObject *));   /* payloads, strong */
     Part *parts = PyMem_Malloc((size_t)n * sizeof(Part));
     Py_buffer *views = PyMem_Calloc((size_t)n, sizeof(Py_buffer));
     Py_ssize_t *missing = PyMem_Malloc((size_t)n * sizeof(Py_ssize_t));
     Py_ssize_t viewed = 0, present = 0, missed = 0;
-    if (items == NULL || parts == NULL || views == NULL || missing == NULL) {
+    if (items == NULL || held == NULL || parts == NULL || views == NULL || missing == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     /* Every item remembered alive, held, judged under this generation, unexpired; the names
-     * not remembered (or whose item is gone) listed. No borrowed reference here outlives
-     * the pass, and no Python code runs in it (nothing is allocated). */
+     * not remembered (or whose item is gone) listed. */
+    Py_ssize_t total = PyBytes_GET_SIZE(args[5]) + PyBytes_GET_SIZE(args[6]) + 4 +
+                       PyBytes_GET_SIZE(args[7]);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *name = PyList_GET_ITEM(names, i);
         if (!PyBytes_CheckExact(name))
@@ -189,11 +223,13 @@ static PyObject *answer(PyObject *module, PyObject *const *args, Py_ssize_t narg
         PyObject *ref = PyDict_GetItemWithError(found, name);
         if (ref == NULL && PyErr_Occurred())
             goto done;
-        PyObject *item = ref != NULL && PyWeakref_CheckRef(ref) ? PyWeakref_GET_OBJECT(ref) : NULL;
-        if (item == NULL || !Py_IS_TYPE(item, layout.item_type)) {  /* (None: gone) */
+        PyObject *item = alive(ref);
+        if (item == NULL || !Py_IS_TYPE(item, layout.item_type)) {  /* gone, or not an item */
+            Py_XDECREF(item);
             missing[missed++] = i;
             continue;
         }
+        items[i] = item;
         PyObject *entry = SLOT(item, layout.entry);
         if (!int_is(SLOT(item, layout.current_under), generation) ||
             !(seconds(SLOT(item, layout.expires_at)) > now) || entry == NULL ||
@@ -208,10 +244,9 @@ static PyObject *answer(PyObject *module, PyObject *const *args, Py_ssize_t narg
             PyErr_Clear();
             goto refuse;
         }
-        items[i] = item;
-        if (bits & layout.absent)
-            continue;
-        Part *part = &parts[present++];
+        if (bits & layout.absent || missed > 0)
+            continue;  /* (with a name missing, no reply is made this time) */
+        Part *part = &parts[present];
         part->name = PyBytes_AS_STRING(name);
         part->name_len = PyBytes_GET_SIZE(name);
         if (PyBytes_CheckExact(payload)) {
@@ -226,6 +261,10 @@ static PyObject *answer(PyObject *module, PyObject *const *args, Py_ssize_t narg
             part->data_len = views[viewed].len;
             viewed++;
         }
+        Py_INCREF(payload);
+        held[present++] = payload;
+        /* (the size checked as it grows: never past largest, so never overflowing) */
+        total = part->data_len > largest - total ? largest + 1 : total + part->data_len;
     }
     if (missed > 0) {
         result = PyList_New(missed);
@@ -245,60 +284,59 @@ static PyObject *answer(PyObject *module, PyObject *const *args, Py_ssize_t narg
     }
     if (twice)
         goto refuse;  /* two names of one partition: the Python way decides */
-    for (Py_ssize_t i = 0; i < n; i++) {  /* used: L1's eviction gives it a second chance */
+    int whole = present == n;
+    if (total <= largest && present <= INT32_MAX) {
+        /* In name order, as the metastore sends them (names are distinct: their items are). */
+        for (Py_ssize_t i = 1; i < present; i++) {
+            if (part_order(&parts[i - 1], &parts[i]) > 0) {
+                qsort(parts, (size_t)present, sizeof(Part), part_order);
+                break;
+            }
+        }
+        reply = PyBytes_FromStringAndSize(NULL, total);
+        if (reply == NULL)
+            goto done;
+        char *out = PyBytes_AS_STRING(reply);
+        memcpy(out, PyBytes_AS_STRING(args[5]), (size_t)PyBytes_GET_SIZE(args[5]));
+        out += PyBytes_GET_SIZE(args[5]);
+        memcpy(out, PyBytes_AS_STRING(args[6]), (size_t)PyBytes_GET_SIZE(args[6]));
+        out += PyBytes_GET_SIZE(args[6]);
+        uint32_t count = (uint32_t)present;
+        out[0] = (char)(count >> 24);
+        out[1] = (char)(count >> 16);
+        out[2] = (char)(count >> 8);
+        out[3] = (char)count;
+        out += 4;
+        for (Py_ssize_t i = 0; i < present; i++) {
+            memcpy(out, parts[i].data, (size_t)parts[i].data_len);
+            out += parts[i].data_len;
+        }
+        memcpy(out, PyBytes_AS_STRING(args[7]), (size_t)PyBytes_GET_SIZE(args[7]));
+    }
+    /* Used: L1's eviction gives them a second chance. Last, once nothing is read any more
+     * (an old value's release may run code). */
+    for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *old = SLOT(items[i], layout.used);
+        if (old == Py_True)
+            continue;
         Py_INCREF(Py_True);
         SLOT(items[i], layout.used) = Py_True;
-        Py_XDECREF(old);  /* (a bool: nothing runs) */
+        Py_XDECREF(old);
     }
-    int whole = present == n;
-    if (whole && refuse_whole) {
-        result = Py_BuildValue("(OO)", Py_None, Py_True);
-        goto done;
-    }
-    Py_ssize_t head_len = PyBytes_GET_SIZE(args[5]), prefix_len = PyBytes_GET_SIZE(args[6]);
-    Py_ssize_t closing_len = PyBytes_GET_SIZE(args[7]);
-    Py_ssize_t total = head_len + prefix_len + 4 + closing_len;
-    for (Py_ssize_t i = 0; i < present; i++)
-        total += parts[i].data_len;
-    if (total > largest || present > INT32_MAX) {
-        result = Py_BuildValue("(OO)", Py_None, whole ? Py_True : Py_False);
-        goto done;
-    }
-    /* In name order, as the metastore sends them (names are distinct: their items are). */
-    for (Py_ssize_t i = 1; i < present; i++) {
-        if (part_order(&parts[i - 1], &parts[i]) > 0) {
-            qsort(parts, (size_t)present, sizeof(Part), part_order);
-            break;
-        }
-    }
-    PyObject *reply = PyBytes_FromStringAndSize(NULL, total);
-    if (reply == NULL)
-        goto done;
-    char *out = PyBytes_AS_STRING(reply);
-    memcpy(out, PyBytes_AS_STRING(args[5]), (size_t)head_len);
-    out += head_len;
-    memcpy(out, PyBytes_AS_STRING(args[6]), (size_t)prefix_len);
-    out += prefix_len;
-    uint32_t count = (uint32_t)present;
-    out[0] = (char)(count >> 24);
-    out[1] = (char)(count >> 16);
-    out[2] = (char)(count >> 8);
-    out[3] = (char)count;
-    out += 4;
-    for (Py_ssize_t i = 0; i < present; i++) {
-        memcpy(out, parts[i].data, (size_t)parts[i].data_len);
-        out += parts[i].data_len;
-    }
-    memcpy(out, PyBytes_AS_STRING(args[7]), (size_t)closing_len);
-    result = Py_BuildValue("(NO)", reply, whole ? Py_True : Py_False);
+    result = PyTuple_Pack(2, reply != NULL ? reply : Py_None, whole ? Py_True : Py_False);
     goto done;
 refuse:
     result = Py_NewRef(Py_None);
 done:
+    Py_XDECREF(reply);
     for (Py_ssize_t i = 0; i < viewed; i++)
         PyBuffer_Release(&views[i]);
+    for (Py_ssize_t i = 0; held != NULL && i < present; i++)
+        Py_DECREF(held[i]);
+    for (Py_ssize_t i = 0; items != NULL && i < n; i++)
+        Py_XDECREF(items[i]);
     PyMem_Free(items);
+    PyMem_Free(held);
     PyMem_Free(parts);
     PyMem_Free(views);
     PyMem_Free(missing);
@@ -309,8 +347,8 @@ static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
      "configure(Item, Entry, absent_flag): where their slots are"},
     {"answer", (PyCFunction)(void (*)(void))answer, METH_FASTCALL,
-     "answer(found, names, generation, now, wall, head, prefix, closing, largest, "
-     "refuse_whole): see proxy.cache.assembled.py_answer"},
+     "answer(found, names, generation, now, wall, head, before, closing, largest): see "
+     "proxy.cache.assembled.py_answer"},
     {NULL, NULL, 0, NULL},
 };
 

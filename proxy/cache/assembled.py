@@ -233,7 +233,6 @@ def py_answer(
     before: bytes,
     closing: bytes,
     largest: int,
-    refuse_whole: bool,
 ) -> Answer | list[int] | None:
     """:func:`answer_items` of the items remembered in ``found`` with ``names``; where
     some names are not remembered there (or their items are gone), the places of those
@@ -246,9 +245,7 @@ def py_answer(
             return None
         return [at for at, item in enumerate(items) if item is None]
     held = cast(list[Item], items)  # (no None left)
-    return answer_items(
-        names, held, generation, now, wall, head, before, closing, largest, refuse_whole
-    )
+    return answer_items(names, held, generation, now, wall, head, before, closing, largest)
 
 
 def answer_items(
@@ -261,21 +258,18 @@ def answer_items(
     before: bytes,
     closing: bytes,
     largest: int,
-    refuse_whole: bool,
 ) -> Answer | None:
     """The reply to a request of ``names`` whose partitions' ``items`` are judged current
     (:func:`.l1.judged`, which marks them used): ``head``, ``before``
     (:func:`.partitions.result_framing`), the count of partitions the metastore has, those
-    partitions in name order, ``closing``, as :func:`.partitions.reply` joins them.
-    ``(None, whole)`` instead where every partition is there and ``refuse_whole``, or where
-    the reply would be longer than ``largest``. ``None``: the items are not judged current
-    (or one is named twice), nothing decided."""
+    partitions in name order, ``closing``, as :func:`.partitions.reply` joins them (with
+    whether every partition named is there); ``(None, whole)`` where the reply would be
+    longer than ``largest``. ``None``: the items are not judged current (or one is named
+    twice), nothing decided."""
     if not judged(items, generation, now, wall):
         return None
     pairs = present(names, items)
     whole = len(pairs) == len(items)
-    if whole and refuse_whole:
-        return None, True
     if len(head) + len(before) + 4 + sum(len(p) for _, p in pairs) + len(closing) > largest:
         return None, whole
     pairs.sort(key=_first)
@@ -296,7 +290,6 @@ answer: Callable[
         bytes,
         bytes,
         int,
-        bool,
     ],
     Answer | list[int] | None,
 ] = py_answer

@@ -72,11 +72,12 @@ def current(items: list[Item], generation: int, now: float, wall: float) -> bool
     a stamp that stands says the item is held)."""
     # A request's hundred partitions: each test one loop in C (map), not a Python
     # iteration per partition with its attribute look-ups.
-    return not (
-        not items
-        or set(map(_stamp, items)) != {generation}
-        or min(map(_expires, items)) <= now
-        or min(map(_entry_expires, items)) <= wall
+    # (``now <`` each, not ``min() <= now``: a NaN is never later than anything.)
+    return (
+        bool(items)
+        and set(map(_stamp, items)) == {generation}
+        and all(map(now.__lt__, map(_expires, items)))
+        and all(map(wall.__lt__, map(_entry_expires, items)))
     )
 
 

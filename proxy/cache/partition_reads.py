@@ -169,19 +169,15 @@ class PartitionReads:
             return None
         variant, names = known
         now, wall = time.monotonic(), time.time()
-        key = self.naming.entry(variant.tag, method, args, who)  # the request's, as planned
-        # Asked before (one absent: never kept whole): the planned way keeps it whole
-        # (_keep_whole), or has.
-        asked = key in self.assembled_once or l1.holds(key)
         framing = (encode_header(method, MessageType.REPLY, seqid), *parts.result_framing(method))
         # The items the names had last time, judged and joined in one step (C); the names
         # not remembered yet first found by their keys and remembered...
         found = variant.found
-        got = assembled.answer(found, names, generation, now, wall, *framing, largest, asked)
+        got = assembled.answer(found, names, generation, now, wall, *framing, largest)
         if isinstance(got, list):
             if self.variants.remember(variant, [names[at] for at in got], l1.peek) is None:
                 return None  # (a name not held, or of other columns: plan it)
-            got = assembled.answer(found, names, generation, now, wall, *framing, largest, asked)
+            got = assembled.answer(found, names, generation, now, wall, *framing, largest)
         count = len(names)
         if not isinstance(got, tuple):
             # ... else found by their keys; if those are not all current, or one is named
@@ -190,24 +186,23 @@ class PartitionReads:
             items = self.variants.items(variant, names, l1.peek)
             if items is None:
                 return None
-            got = assembled.answer_items(
-                names, items, generation, now, wall, *framing, largest, asked
-            )
+            got = assembled.answer_items(names, items, generation, now, wall, *framing, largest)
             if got is None:
                 names = list(dict.fromkeys(names))  # (a name asked twice: one partition, once)
                 items = self.variants.items(variant, names, l1.peek, afresh=True)
                 if items is None:
                     return None
-                got = assembled.answer_items(
-                    names, items, generation, now, wall, *framing, largest, asked
-                )
+                got = assembled.answer_items(names, items, generation, now, wall, *framing, largest)
                 if got is None:
                     return None
             count = len(items)
         reply, whole = got
         if reply is None:
             return None
-        if whole:
+        if whole:  # (one absent: never kept whole, see _keep_whole)
+            key = self.naming.entry(variant.tag, method, args, who)  # the request's, as planned
+            if key in self.assembled_once or l1.holds(key):
+                return None  # asked before: the planned way keeps it whole (_keep_whole), or has
             self.assembled_once.put(key, None, len(key))
         self.store.used_local_versions()
         label = method_label(method)

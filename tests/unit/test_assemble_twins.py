@@ -5,6 +5,7 @@ proxy.cache.partitions.reply gives."""
 
 from __future__ import annotations
 
+import math
 import random
 import weakref
 from dataclasses import dataclass
@@ -38,7 +39,6 @@ class Case:
     method: str
     seqid: int
     largest: int
-    refuse_whole: bool
 
     def args(self) -> tuple[object, ...]:
         head = encode_header(self.method, MessageType.REPLY, self.seqid)
@@ -53,7 +53,6 @@ class Case:
             before,
             closing,
             self.largest,
-            self.refuse_whole,
         )
 
 
@@ -68,17 +67,20 @@ def make_item(rnd: random.Random, n: int, flaws: float) -> Item:
     stamp = GENERATION
     expires, entry_expires = NOW + rnd.uniform(0.001, 100), WALL + rnd.uniform(0.001, 100)
     if rnd.random() < flaws:
-        which = rnd.randrange(5)
+        which = rnd.randrange(6)
         if which == 0:
             stamp = rnd.choice([GENERATION - 1, GENERATION + 1, -1, RETIRED, 2**70])
         elif which == 1:
             expires = rnd.choice([NOW, NOW - 1])
         elif which == 2:
             entry_expires = rnd.choice([WALL, WALL - 5, 0.0])
-        elif which == 3:
-            expires = float(int(NOW) + rnd.choice([-1, 0, 1]))  # (an int's neighbour)
-        else:
+        elif which == 3:  # ints, as Python compares them with floats
+            expires = int(NOW) + rnd.choice([-1, 0, 1])  # type: ignore[assignment]
+            entry_expires = int(WALL) + rnd.choice([-1, 0, 1])  # type: ignore[assignment]
+        elif which == 4:
             entry_expires = rnd.choice([WALL + 1, WALL])
+        else:  # never later than anything
+            expires, entry_expires = rnd.choice([(math.nan, entry_expires), (expires, math.nan)])
     entry = Entry(b"fp", flags, payload, entry_expires)
     return Item(f"k{n}", entry, expires, 10, current_under=stamp)
 
@@ -109,7 +111,7 @@ def make_case(rnd: random.Random, flaws: float) -> Case:
     total = sum(len(i.entry.payload) for i in items) + 60
     largest = rnd.choice([1 << 20, total, rnd.randint(0, total)])
     seqid = rnd.randrange(-(2**31), 2**31)
-    return Case(found, asked, items, rnd.choice(METHODS), seqid, largest, rnd.random() < 0.3)
+    return Case(found, asked, items, rnd.choice(METHODS), seqid, largest)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -154,21 +156,33 @@ def test_the_twins_answer_alike(seed: int) -> None:
     assert outcomes >= {"none", "not remembered", "True True", "True False"}
 
 
-def test_a_reply_that_would_be_too_long_or_whole_when_refused_is_not_made() -> None:
+def test_a_reply_that_would_be_too_long_is_not_made() -> None:
     items = [Item(f"k{n}", Entry(b"", 0, b"x" * 10, WALL + 9), NOW + 9, 1) for n in range(3)]
     for item in items:
         item.current_under = GENERATION
     names = [b"b", b"a", b"c"]
     found = {name: weakref.ref(item) for name, item in zip(names, items, strict=True)}
-    head = b"H"
     for twin in (c_answer, py_answer):
-        args = (found, names, GENERATION, NOW, WALL, head, b"<", b">")
-        assert twin(*args, 1 + 1 + 4 + 30 + 1, False) == (
-            b"H<\x00\x00\x00\x03" + b"x" * 30 + b">",
-            True,
-        )  # type: ignore[operator]
-        assert twin(*args, 1 + 1 + 4 + 30, False) == (None, True)  # type: ignore[operator]
-        assert twin(*args, 1 << 20, True) == (None, True)  # type: ignore[operator]
+        args = (found, names, GENERATION, NOW, WALL, b"H", b"<", b">")
+        whole = b"H<\x00\x00\x00\x03" + b"x" * 30 + b">"
+        assert twin(*args, len(whole)) == (whole, True)  # type: ignore[operator]
+        assert twin(*args, len(whole) - 1) == (None, True)  # type: ignore[operator]
+        assert twin(*args, -(2**62)) == (None, True)  # type: ignore[operator]
+
+
+def test_the_c_twin_refuses_what_l1_never_keeps() -> None:
+    """Where the types are not L1's (a stamp that is not an int, a flags field that is
+    not one), the C twin refuses and the Python way decides: never a reply the twin would
+    not give."""
+    item = Item("k", Entry(b"", 0, b"x", WALL + 9), NOW + 9, 1, current_under=GENERATION)
+    found = {b"a": weakref.ref(item)}
+    args = (found, [b"a"], GENERATION, NOW, WALL, b"", b"", b"", 1 << 20)
+    assert c_answer(*args) == (b"\x00\x00\x00\x01x", True)
+    item.current_under = float(GENERATION)  # type: ignore[assignment]
+    assert c_answer(*args) is None
+    item.current_under = GENERATION
+    item.entry = Entry(b"", 0.0, b"x", WALL + 9)  # type: ignore[arg-type]
+    assert c_answer(*args) is None
 
 
 def test_configure_refuses_a_class_without_slots() -> None:

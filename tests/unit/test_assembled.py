@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from proxy import catalog, idl
-from proxy.cache.keys import Bump, TableRef, partition_field
+from proxy.cache import assembled
+from proxy.cache.keys import MEMO_LONGEST, Bump, TableRef, partition_field
 from proxy.cache.store import MemoryStore
 from proxy.handler import SessionState
 from proxy.wire.framing import Transport, whole_message
@@ -25,6 +26,17 @@ from tests.unit.scripted_hms import partition
 from tests.unit.test_again import _flush, _lock, _pending, _untrusted
 
 DB, T = "db", "t"
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def twin(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test with the C pass that judges and joins remembered partitions, and with its
+    Python twin (the fallback where the extension could not be built)."""
+    if request.param == "python":
+        monkeypatch.setattr(assembled, "answer", assembled.py_answer)
+    return str(request.param)
+
+
 DAYS = [f"d{i:02d}" for i in range(30)]
 
 
@@ -102,6 +114,28 @@ def test_a_request_never_asked_is_assembled_at_once_with_the_hms_bytes() -> None
             assert r.requests("get_partitions_by_names", "ok") == 7
             partitions = r.sample("hmsproxy_cache_partitions_total", result="hit")
             assert partitions >= 10
+
+    asyncio.run(run())
+
+
+def test_names_too_long_to_remember_are_assembled_all_the_same() -> None:
+    """A name longer than the names memo keeps is never remembered with its partition:
+    each request finds it by its key (the C pass then says it is still not remembered, and
+    the Python way assembles it)."""
+
+    async def run() -> None:
+        long = [f"d{i:02d}" + "x" * (MEMO_LONGEST + 10) for i in range(4)]
+        async with rig() as r:
+            r.hms.add_table(DB, T, *long, v="1")
+            ask = Asked(r)
+            await ask(by_names(1, *long))
+            await ask(by_names(2, *long))  # judged since
+            for seqid, request in enumerate([(2, 0), (3, 1, 2), (0, 2)], start=3):
+                asked = by_names(seqid, *(long[i] for i in request))
+                reply, way = await ask(asked)
+                assert way == "assembled"
+                assert reply == hms_answer(r, asked)
+            assert r.hms.calls["get_partitions_by_names"] == 1
 
     asyncio.run(run())
 
