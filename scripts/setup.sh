@@ -3,9 +3,10 @@
 # Safe to run again (it installs only what is missing), and says in a few lines what it does.
 #
 #   ./scripts/setup.sh          Java 17 (runs the real Hive Metastore), redis-server, a C
-#                               compiler and Python headers (the proxy's message scanner is a
-#                               small C extension), and a .venv with the project and the rig
-#                               (pyspark, whose jars carry a Hive Metastore 2.3.10; hmsclient).
+#                               compiler and Python headers (the proxy's message scanner and
+#                               its partition assembler are small C extensions), and a .venv
+#                               with the project and the rig (pyspark, whose jars carry a
+#                               Hive Metastore 2.3.10; hmsclient).
 #   ./scripts/setup.sh --test   and: Chromium (the status page is tested in a real headless
 #                               browser), MIT Kerberos (a KDC, kadmin.local and kinit for the
 #                               throwaway realm of the Kerberos tests, and libkrb5-dev, which

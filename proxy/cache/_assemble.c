@@ -188,13 +188,18 @@ static PyObject *answer(PyObject *module, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     PyObject *found = args[0], *names = args[1];
-    long long generation = PyLong_AsLongLong(args[2]);
+    int overflow = 0;
+    long long generation = PyLong_AsLongLongAndOverflow(args[2], &overflow);
     if (generation == -1 && PyErr_Occurred())
         return NULL;
+    if (overflow)
+        Py_RETURN_NONE;  /* (no stamp is one: L1's generations are counts) */
     double now = PyFloat_AS_DOUBLE(args[3]), wall = PyFloat_AS_DOUBLE(args[4]);
-    Py_ssize_t largest = PyLong_AsSsize_t(args[8]);
+    Py_ssize_t largest = PyLong_AsLongAndOverflow(args[8], &overflow);
     if (largest == -1 && PyErr_Occurred())
         return NULL;
+    if (overflow)
+        largest = overflow > 0 ? PY_SSIZE_T_MAX : -1;
     if (largest < 0)
         largest = -1;  /* (no reply fits; and largest - total cannot overflow below) */
     Py_ssize_t n = PyList_GET_SIZE(names);

@@ -76,8 +76,8 @@ def current(items: list[Item], generation: int, now: float, wall: float) -> bool
     return (
         bool(items)
         and set(map(_stamp, items)) == {generation}
-        and all(map(now.__lt__, map(_expires, items)))
-        and all(map(wall.__lt__, map(_entry_expires, items)))
+        and all(map(operator.lt, itertools.repeat(now), map(_expires, items)))
+        and all(map(operator.lt, itertools.repeat(wall), map(_entry_expires, items)))
     )
 
 
