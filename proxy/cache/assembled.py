@@ -55,7 +55,6 @@ from proxy.wire.errors import ProtocolError
 from proxy.wire.fields import only_field, read_strings
 
 _I32 = struct.Struct(">i")
-_first = operator.itemgetter(0)
 
 # Variants remembered: a request's other arguments (a database and a table name, and the
 # Hive 3/4 fields), at most this long each, for this many variants.
@@ -272,11 +271,7 @@ def answer_items(
     whole = len(pairs) == len(items)
     if len(head) + len(before) + 4 + sum(len(p) for _, p in pairs) + len(closing) > largest:
         return None, whole
-    pairs.sort(key=_first)
-    out: list[bytes | memoryview] = [head, before + _I32.pack(len(pairs))]
-    out.extend(p for _, p in pairs)
-    out.append(closing)
-    return b"".join(out), whole
+    return parts.joined(head, before, closing, pairs), whole
 
 
 answer: Callable[

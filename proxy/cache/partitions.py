@@ -153,9 +153,37 @@ def reply(
     """The HMS's reply message for these partitions, each given with its name: in name
     order, as the HMS sends them (names given as UTF-8 bytes sort as their text does: UTF-8
     keeps the order of the code points it encodes)."""
-    ordered = sorted(named, key=_first)
     head = encode_header(method, MessageType.REPLY, seqid)
-    return assemble(method, [data for _, data in ordered], head)
+    return joined(head, *result_framing(method), named)
+
+
+def joined(
+    head: bytes,
+    before: bytes,
+    closing: bytes,
+    named: Sequence[tuple[str | bytes, bytes | memoryview]],
+) -> bytes:
+    """:func:`reply` with its header and its result's framing (:func:`result_framing`)
+    given."""
+    return framed(head, before, closing, [data for _, data in sorted(named, key=_first)])
+
+
+def assemble(method: str, partitions: Sequence[bytes | memoryview], head: bytes = b"") -> bytes:
+    """The result struct the HMS would send for these partitions, in this order, after
+    ``head`` (the reply's header)."""
+    return framed(head, *result_framing(method), partitions)
+
+
+def framed(
+    head: bytes, before: bytes, closing: bytes, partitions: Sequence[bytes | memoryview]
+) -> bytes:
+    """``head``, then a result struct framed by ``before`` and ``closing`` (see
+    :func:`result_framing`) holding these partitions, in this order: one join, the
+    partitions copied once."""
+    out: list[bytes | memoryview] = [head, before + _I32.pack(len(partitions))]
+    out.extend(partitions)
+    out.append(closing)
+    return b"".join(out)
 
 
 _first = operator.itemgetter(0)
@@ -170,13 +198,3 @@ def result_framing(method: str) -> tuple[bytes, bytes]:
     if method == "get_partitions_by_names":
         return listing, b"\x00"
     return bytes((TType.STRUCT,)) + b"\x00\x00" + listing, b"\x00\x00"
-
-
-def assemble(method: str, partitions: Sequence[bytes | memoryview], head: bytes = b"") -> bytes:
-    """The result struct the HMS would send for these partitions, in this order, after
-    ``head`` (the reply's header): one join, the partitions copied once."""
-    before, closing = result_framing(method)
-    out: list[bytes | memoryview] = [head, before + _I32.pack(len(partitions))]
-    out.extend(partitions)
-    out.append(closing)
-    return b"".join(out)
