@@ -37,7 +37,7 @@ OVERHEAD_BYTES = 250
 @dataclass(slots=True, eq=False, weakref_slot=True)
 class Item:
     """An entry held, with what is kept beside it. Compared by identity (a request's
-    partitions are told apart by their items, see :meth:`L1.judged_items`), and weakly
+    partitions are told apart by their items, see :func:`judged`), and weakly
     referable (memos of items must not keep one alive that L1 let go)."""
 
     key: str
@@ -50,7 +50,7 @@ class Item:
     # current (see PartitionReads.lookup and .assembled); -1: not since it was kept;
     # RETIRED: no longer held.
     current_under: int = -1
-    # Used by a hit that did not move it in LRU order (see judged_items): L1._evict gives
+    # Used by a hit that did not move it in LRU order (see judged): L1._evict gives
     # it a second chance.
     used: bool = False
 
@@ -130,10 +130,6 @@ class L1:
     def peek(self, key: str) -> Item | None:
         """The item held for ``key``, expired or not, its place in LRU order unchanged."""
         return self._items.get(key)
-
-    def judged_items(self, items: list[Item], generation: int, now: float, wall: float) -> bool:
-        """:func:`judged` (the items are this L1's)."""
-        return judged(items, generation, now, wall)
 
     def charge(self, item: Item, size: int) -> None:
         """``item`` keeps ``size`` bytes more (what its hits prepared): counted against the

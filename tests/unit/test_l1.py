@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from proxy.cache import l1 as l1_module
 from proxy.cache.entry import Entry
 from proxy.cache.l1 import L1, OVERHEAD_BYTES, RETIRED, Item
 
@@ -53,7 +54,7 @@ def test_the_least_recently_used_goes_first() -> None:
 
 def test_items_marked_used_get_a_second_chance_and_the_rest_go_in_order() -> None:
     l1 = filled(4)
-    assert l1.judged_items(judged(l1, "k0", "k1"), 7, time.monotonic(), time.time())
+    assert l1_module.judged(judged(l1, "k0", "k1"), 7, time.monotonic(), time.time())
     l1.put("k4", entry(), 60)  # k0 and k1 are moved on, k2 goes
     assert [l1.holds(f"k{i}") for i in range(5)] == [True, True, False, True, True]
     # Moved on, k0 and k1 are newer than k3 and k4; their chance used, they go in turn.
@@ -65,7 +66,7 @@ def test_items_marked_used_get_a_second_chance_and_the_rest_go_in_order() -> Non
 
 def test_the_newest_item_is_never_the_one_its_own_keeping_pushes_out() -> None:
     l1 = filled(4)
-    assert l1.judged_items(judged(l1, "k0", "k1", "k2", "k3"), 7, time.monotonic(), time.time())
+    assert l1_module.judged(judged(l1, "k0", "k1", "k2", "k3"), 7, time.monotonic(), time.time())
     l1.put("k4", entry(), 60)  # every older one marked used: one of them still goes
     assert l1.holds("k4") and len(l1) == 4 and l1.bytes == 4 * SIZE
     assert not l1.holds("k0")  # (each had its chance, in order)
@@ -79,7 +80,7 @@ def test_a_stamp_never_stands_on_an_item_let_go() -> None:
     l1.pop("k0")
     item.stamp(7)
     assert item.current_under == RETIRED
-    assert not l1.judged_items([item], 7, time.monotonic(), time.time())
+    assert not l1_module.judged([item], 7, time.monotonic(), time.time())
     (kept,) = items(l1, "k1")
     l1.put("k1", entry(), 60)  # kept anew: the old item is retired, the new one unstamped
     assert kept.current_under == RETIRED and items(l1, "k1")[0] is not kept
@@ -90,16 +91,16 @@ def test_items_not_all_current_and_distinct_are_not_judged(why: str) -> None:
     l1 = filled(4)
     found = judged(l1, "k0", "k1", "k2")
     now, wall = time.monotonic(), time.time()
-    assert l1.judged_items(found, 7, now, wall)
+    assert l1_module.judged(found, 7, now, wall)
     if why == "another generation":
-        assert not l1.judged_items(found, 8, now, wall)
+        assert not l1_module.judged(found, 8, now, wall)
     elif why == "twice":
-        assert not l1.judged_items([*found, found[0]], 7, now, wall)
+        assert not l1_module.judged([*found, found[0]], 7, now, wall)
     elif why == "expired":
-        assert not l1.judged_items(found, 7, found[1].expires_at, wall)
+        assert not l1_module.judged(found, 7, found[1].expires_at, wall)
     else:
-        assert not l1.judged_items(found, 7, now, found[2].entry.expires_at)
-    assert not l1.judged_items([], 7, now, wall)
+        assert not l1_module.judged(found, 7, now, found[2].entry.expires_at)
+    assert not l1_module.judged([], 7, now, wall)
 
 
 def test_an_item_evicted_or_cleared_is_retired() -> None:
@@ -108,7 +109,7 @@ def test_an_item_evicted_or_cleared_is_retired() -> None:
     l1.put("k4", entry(), 60)  # k0 (not marked used) goes
     assert not l1.holds("k0") and old.current_under == RETIRED
     old.stamp(7)
-    assert not l1.judged_items([old], 7, time.monotonic(), time.time())
+    assert not l1_module.judged([old], 7, time.monotonic(), time.time())
     kept = judged(l1, "k1", "k2")
     l1.clear()
     assert l1.bytes == 0 and all(item.current_under == RETIRED for item in kept)
