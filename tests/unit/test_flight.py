@@ -10,7 +10,7 @@ import contextlib
 import socket
 import struct
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from thrift.Thrift import TApplicationException
@@ -28,6 +28,7 @@ from tests.unit.scripted_hms import (
     HALF_REPLY,
     HANG,
     HANG_UP,
+    Action,
     Slow,
     Split,
     Trickle,
@@ -70,17 +71,25 @@ async def serving(**values: Any) -> AsyncIterator[tuple[Rig, Counted, int, Thrif
             await server.stop(0)
 
 
-async def held_in_flight(r: Rig, port: int) -> tuple[Client, Slow]:
-    """A client whose ``get_table`` (seqid 2) went out as it arrived and is held at the
-    metastore until the gate returned is set (its connection pooled by a first call)."""
+A = TypeVar("A", bound=Action)
+
+
+async def in_flight(r: Rig, port: int, action: A) -> tuple[Client, A]:
+    """A client whose ``get_table`` (seqid 2) went out as it arrived and is at the
+    metastore, which answers it as ``action`` says (its connection pooled by a first
+    call)."""
     r.hms.add_table(DB, T, v="1")
     client = await connect(r, port)
     await client.call(status(1))
-    slow = Slow()
-    r.hms.script("get_table", slow)
+    r.hms.script("get_table", action)
     await client.send(get_table(2))
     await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
-    return client, slow
+    return client, action
+
+
+async def held_in_flight(r: Rig, port: int) -> tuple[Client, Slow]:
+    """:func:`in_flight`, held at the metastore until the gate returned is set."""
+    return await in_flight(r, port, Slow())
 
 
 @pytest.mark.parametrize("transport", ["buffered", "framed"])
@@ -251,13 +260,7 @@ def test_a_silent_metastore_is_answered_with_an_error_at_the_read_timeout(flown:
 def test_a_reply_in_pieces_is_answered_once_whole(flown: list[str]) -> None:
     async def run() -> None:
         async with listening(cache=False) as (r, counted, port):
-            r.hms.add_table(DB, T, v="1")
-            client = await connect(r, port)
-            await client.call(status(1))
-            split = Split()
-            r.hms.script("get_table", split)
-            await client.send(get_table(2))
-            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            client, split = await in_flight(r, port, Split())
             for _ in range(20):
                 await asyncio.sleep(0.001)
             assert not client.reader._buffer  # half a reply is not sent
@@ -599,12 +602,7 @@ def test_a_call_in_flight_whose_client_is_gone_ends_the_session_with_nothing_mor
 ) -> None:
     async def run() -> None:
         async with listening(cache=False) as (r, _counted, port):
-            r.hms.add_table(DB, T, v="1")
-            client = await connect(r, port)
-            await client.call(status(1))
-            r.hms.script("get_table", Split())
-            await client.send(get_table(2))
-            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            client, _split = await in_flight(r, port, Split())
             new = idl.module().Table(tableName=T, dbName=DB, parameters={"v": "2"})
             write = idl.encode_call("alter_table", 3, dbname=DB, tbl_name=T, new_tbl=new)
             await client.send(write)  # pipelined behind it
