@@ -30,6 +30,7 @@ from proxy.upstream.relay import STORE_BEFORE_REPLY_BYTES, check_reply_header, r
 from proxy.upstream.streams import DivertingProtocol
 from proxy.wire.binary import MessageHeader, MessageType
 from proxy.wire.errors import ProtocolError
+from proxy.wire.framing import Transport, whole_header
 
 from .forward import Sent
 
@@ -43,6 +44,7 @@ class Flight:
 
     __slots__ = (
         "conn",
+        "framed",
         "hand_over",
         "header",
         "heard",
@@ -89,9 +91,27 @@ class Flight:
         self.heard = loop.time()  # when it last sent something (or the call went out)
         self.timer: asyncio.TimerHandle | None = loop.call_at(self.heard + timeout, self._due)
         conn.replies.keep = False  # (the reply is taken whole, in one piece)
+        self.framed = conn.replies.transport is Transport.FRAMED
         protocol.receiver = self
 
     def data_received(self, data: bytes) -> None:
+        replies = self.conn.replies
+        header = None
+        if not replies.buffered and len(data) <= STORE_BEFORE_REPLY_BYTES:
+            # The usual: the whole reply in one read, taken as it came (no copy, no scan
+            # resumed, nothing left in the reader).
+            header = whole_header(data, self.framed, replies.max_size)
+        if header is None:
+            self._piece_received(data)
+            return
+        if not self._expected(header):
+            replies.feed(data)  # (where the ordinary way reads it)
+            self._let_go()
+            return
+        self._answer(header, data[4:] if self.framed else data)
+
+    def _piece_received(self, data: bytes) -> None:
+        """A reply that comes in pieces (or bad bytes), gathered in the connection's reader."""
         replies = self.conn.replies
         replies.feed(data)
         if replies.buffered > STORE_BEFORE_REPLY_BYTES:
@@ -108,18 +128,27 @@ class Flight:
             return
         header = replies.header
         assert header is not None
+        if not self._expected(header):
+            self._let_go()
+            return
+        piece = replies.take()
+        assert piece is not None and piece.last
+        self._answer(header, piece.data)
+
+    def _expected(self, header: MessageHeader) -> bool:
+        """Whether a reply with ``header`` is answered here; if not, the ordinary way looks
+        at it (and checks it again, and answers what is wrong)."""
         asked = self.header
         try:
             check_reply_header(asked.name, asked.seqid, header.name, header.type, header.seqid)
         except UpstreamProtocolError:
-            self._let_go()  # (the ordinary way checks it again, and answers what is wrong)
-            return
-        if self.look_at_exceptions and header.type == MessageType.EXCEPTION:
-            self._let_go()  # (is it UNKNOWN_METHOD? then the call is bridged)
-            return
-        piece = replies.take()
-        assert piece is not None and piece.last
-        data = piece.data
+            return False
+        # (A removed method's UNKNOWN_METHOD is bridged the ordinary way.)
+        return not (self.look_at_exceptions and header.type == MessageType.EXCEPTION)
+
+    def _answer(self, header: MessageHeader, data: bytes) -> None:
+        """Write the whole reply (``data``, unframed) to the client, then let the connection
+        go and count the call."""
         # The reply first: the client runs on from here (on another core) while the
         # connection is given back and the call counted.
         try:
@@ -130,7 +159,7 @@ class Flight:
         took = time.perf_counter() - self.started
         self._stop()
         self.pool.release(self.conn, reusable=True)
-        label = method_label(asked.name)
+        label = method_label(self.header.name)
         metrics = self.metrics
         metrics.requests.labels(label, outcome).inc()
         gone = outcome == "client_gone"

@@ -354,7 +354,240 @@ static PyObject *read_strings(PyObject *module, PyObject *args) {
     return out;
 }
 
+/* ---- Message headers, whole requests, a call's bytes without its seqid -------------------
+ * Twins of proxy.wire.binary.parse_header, proxy.wire.framing.whole_message's test and
+ * proxy.wire.binary.call_without_seqid: each request (and each reply a forwarded call
+ * relays) went through several Python calls here before the proxy decided anything, and
+ * from cold memory those cost more than the decision (docs/benchmarks.md, issue 16). */
+
+#define VERSION_1 0x80010000u
+#define VERSION_MASK 0xFFFF0000u
+enum { TYPE_MASK = 0xFF, MAX_NAME_LENGTH = 1024, REPEAT_BYTES = 4096, MT_CALL = 1 };
+
+static PyTypeObject *HeaderType; /* proxy.wire.binary.MessageHeader (configure_header) */
+
+typedef struct {
+    Py_ssize_t name_start, name_length, length;
+    int32_t seqid;
+    int type;
+    int strict;
+} Header;
+
+/* The header at buf[start:end]: 1 found, 0 more bytes needed, -1 bad (raised). */
+static int read_header(const unsigned char *buf, Py_ssize_t start, Py_ssize_t end, Header *h) {
+    if (end - start < 4) return 0;
+    int32_t first = read_i32(buf + start);
+    if (first < 0) {
+        if (((uint32_t)first & VERSION_MASK) != VERSION_1) {
+            char text[48];
+            snprintf(text, sizeof text, "bad protocol version 0x%08x", (unsigned int)first);
+            PyErr_SetString(ProtocolError, text);
+            return -1;
+        }
+        if (end < start + 8) return 0;
+        int32_t name_length = read_i32(buf + start + 4);
+        if (name_length <= 0 || name_length > MAX_NAME_LENGTH) {
+            PyErr_Format(ProtocolError, "implausible method name length %d", (int)name_length);
+            return -1;
+        }
+        Py_ssize_t seq_at = start + 8 + name_length;
+        if (end < seq_at + 4) return 0;
+        h->name_start = start + 8;
+        h->name_length = name_length;
+        h->type = (int)((uint32_t)first & TYPE_MASK);
+        h->seqid = read_i32(buf + seq_at);
+        h->strict = 1;
+        h->length = seq_at + 4 - start;
+        return 1;
+    }
+    /* Old clients (TBinaryProtocol with strictWrite off) start with the name's length. */
+    if (first == 0 || first > MAX_NAME_LENGTH) {
+        PyErr_Format(ProtocolError, "implausible method name length %d", (int)first);
+        return -1;
+    }
+    Py_ssize_t type_at = start + 4 + first;
+    if (end < type_at + 5) return 0;
+    h->name_start = start + 4;
+    h->name_length = first;
+    h->type = buf[type_at];
+    h->seqid = read_i32(buf + type_at + 1);
+    h->strict = 0;
+    h->length = type_at + 5 - start;
+    return 1;
+}
+
+/* A MessageHeader of ``h`` (its name decoded), or NULL (raised). */
+static PyObject *header_object(const unsigned char *buf, const Header *h) {
+    PyObject *name = PyUnicode_DecodeUTF8((const char *)buf + h->name_start, h->name_length,
+                                          "strict");
+    if (name == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return NULL;
+        PyErr_Clear();
+        PyErr_SetString(ProtocolError, "method name is not UTF-8");
+        return NULL;
+    }
+    PyObject *items[5] = {name, PyLong_FromLong(h->type), PyLong_FromLong(h->seqid),
+                          PyBool_FromLong(h->strict), PyLong_FromSsize_t(h->length)};
+    PyObject *header = NULL;
+    if (items[1] != NULL && items[2] != NULL && items[4] != NULL) {
+        /* What tuple.__new__ does for a subclass (a named tuple adds no fields). */
+        header = HeaderType->tp_alloc(HeaderType, 5);
+    }
+    if (header == NULL) {
+        for (int i = 0; i < 5; i++) Py_XDECREF(items[i]);
+        return NULL;
+    }
+    for (int i = 0; i < 5; i++) PyTuple_SET_ITEM(header, i, items[i]); /* (references moved) */
+    return header;
+}
+
+static int configured(void) {
+    if (HeaderType == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "proxy.wire._scanner: configure_header() first");
+        return 0;
+    }
+    return 1;
+}
+
+static int get_buffer(PyObject *obj, Py_buffer *view) {
+    return PyObject_GetBuffer(obj, view, PyBUF_SIMPLE);
+}
+
+static PyObject *configure_header(PyObject *module, PyObject *type) {
+    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, &PyTuple_Type) ||
+        ((PyTypeObject *)type)->tp_basicsize != PyTuple_Type.tp_basicsize) {
+        PyErr_SetString(PyExc_TypeError, "configure_header() takes a named tuple class");
+        return NULL;
+    }
+    Py_INCREF(type);
+    Py_XSETREF(HeaderType, (PyTypeObject *)type);
+    Py_RETURN_NONE;
+}
+
+static PyObject *parse_header(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "parse_header(buf, start, end) takes 3 arguments");
+        return NULL;
+    }
+    if (!configured()) return NULL;
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
+    if (end == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (get_buffer(args[0], &view) < 0) return NULL;
+    PyObject *out = NULL;
+    Header h;
+    if (start < 0 || end > view.len) {
+        PyErr_SetString(PyExc_ValueError, "parse_header: start and end must lie in buf");
+    } else {
+        int found = read_header(view.buf, start, end, &h);
+        if (found == 0) out = Py_NewRef(Py_None);
+        else if (found > 0) out = header_object(view.buf, &h);
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
+/* Whether buf[pos:end] is exactly one whole struct (scanned as a StructScanner would,
+ * nested at most 64 deep); bad bytes are not one (the exception is cleared). */
+static int exactly_one_struct(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end) {
+    Frame stack[64];
+    Scanner scanner;
+    scanner.pos = pos;
+    scanner.limit = end;
+    scanner.max_depth = 64;
+    scanner.depth = 1;
+    scanner.pending = -1;
+    scanner.stack = stack;
+    stack[0].kind = IN_STRUCT;
+    stack[0].remaining = 0;
+    int r = run(&scanner, buf, end);
+    if (r < 0) PyErr_Clear();
+    return r == 1 && scanner.pos == end;
+}
+
+static PyObject *whole_header(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "whole_header(data, framed, max_size) takes 3 arguments");
+        return NULL;
+    }
+    if (!configured()) return NULL;
+    int framed = PyObject_IsTrue(args[1]);
+    if (framed < 0) return NULL;
+    Py_ssize_t max_size = PyLong_AsSsize_t(args[2]);
+    if (max_size == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (get_buffer(args[0], &view) < 0) return NULL;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t start = framed ? 4 : 0, end = view.len;
+    PyObject *out = NULL;
+    Header h;
+    int found = 0;
+    if (end - start <= max_size && (!framed || (end >= 4 && read_i32(buf) == end - 4))) {
+        found = read_header(buf, start, end, &h);
+        if (found < 0) PyErr_Clear();
+    }
+    if (found > 0 && exactly_one_struct(buf, start + h.length, end)) {
+        out = header_object(buf, &h);
+        if (out == NULL && PyErr_ExceptionMatches(ProtocolError)) {
+            PyErr_Clear(); /* (a name that is not UTF-8: not a message to answer at once) */
+            out = Py_NewRef(Py_None);
+        }
+    } else {
+        out = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
+static PyObject *without_seqid(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "without_seqid(data, framed) takes 2 arguments");
+        return NULL;
+    }
+    int framed = PyObject_IsTrue(args[1]);
+    if (framed < 0) return NULL;
+    Py_buffer view;
+    if (get_buffer(args[0], &view) < 0) return NULL;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t start = framed ? 4 : 0, end = view.len, at = 0;
+    int small = !framed || (end >= 4 && read_i32(buf) == end - 4);
+    small = small && end - start <= REPEAT_BYTES && end - start >= 12 && buf[start] == 0x80 &&
+            buf[start + 1] == 0x01 && buf[start + 3] == MT_CALL;
+    if (small) {
+        at = start + 8 + (Py_ssize_t)read_i32(buf + start + 4);
+        small = start + 8 < at && at <= end - 4;
+    }
+    PyObject *out = NULL;
+    if (!small) {
+        out = Py_NewRef(Py_None);
+    } else {
+        PyObject *rest = PyBytes_FromStringAndSize(NULL, end - start - 4);
+        PyObject *seqid = PyLong_FromLong(read_i32(buf + at));
+        if (rest != NULL && seqid != NULL) {
+            char *to = PyBytes_AS_STRING(rest);
+            memcpy(to, buf + start, (size_t)(at - start));
+            memcpy(to + (at - start), buf + at + 4, (size_t)(end - at - 4));
+            out = PyTuple_Pack(2, rest, seqid);
+        }
+        Py_XDECREF(rest);
+        Py_XDECREF(seqid);
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static PyMethodDef module_functions[] = {
+    {"configure_header", configure_header, METH_O,
+     "configure_header(MessageHeader): the class parse_header and whole_header return."},
+    {"parse_header", (PyCFunction)(void (*)(void))parse_header, METH_FASTCALL,
+     "parse_header(buf, start, end) -> MessageHeader | None: binary.parse_header's twin."},
+    {"whole_header", (PyCFunction)(void (*)(void))whole_header, METH_FASTCALL,
+     "whole_header(data, framed, max_size) -> MessageHeader | None: the header of the one "
+     "whole message data holds, nothing more (framing.py_whole_header's twin)."},
+    {"without_seqid", (PyCFunction)(void (*)(void))without_seqid, METH_FASTCALL,
+     "without_seqid(data, framed) -> (bytes, seqid) | None: framing.call_without_seqid's twin."},
     {"skip_strings", skip_strings, METH_VARARGS,
      "skip_strings(buf, pos, count, limit) -> int: the end of count strings from pos."},
     {"read_strings", read_strings, METH_VARARGS,

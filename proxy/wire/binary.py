@@ -14,6 +14,7 @@ The compact protocol, if it is ever needed, gets a sibling module with the same 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from enum import IntEnum
 from typing import Final, NamedTuple, Protocol
 
@@ -103,8 +104,11 @@ class MessageHeader(NamedTuple):
     length: int  # bytes the header occupies; the struct body starts right after it
 
 
-def parse_header(buf: bytes | bytearray | memoryview, start: int, end: int) -> MessageHeader | None:
-    """Parse a message header at ``buf[start:end]``; ``None`` if more bytes are needed."""
+def py_parse_header(
+    buf: bytes | bytearray | memoryview, start: int, end: int
+) -> MessageHeader | None:
+    """Parse a message header at ``buf[start:end]``; ``None`` if more bytes are needed
+    (:data:`parse_header`: its C twin where it is built)."""
     if end - start < 4:
         return None
     first = _unpack_i32(buf, start)[0]
@@ -145,7 +149,8 @@ def _decode_name(buf: bytes | bytearray | memoryview, start: int, end: int) -> s
         raise ProtocolError("method name is not UTF-8") from exc
 
 
-# A call is told apart by its bytes only up to this size (see call_without_seqid).
+# A call is told apart by its bytes only up to this size (see
+# framing.call_without_seqid).
 REPEAT_BYTES: Final = 4096
 
 
@@ -162,16 +167,6 @@ def seqid_offset(data: bytes, start: int) -> int | None:
     if not start + 8 < at <= end - 4:
         return None
     return at
-
-
-def call_without_seqid(data: bytes, start: int) -> tuple[bytes, int] | None:
-    """(the bytes of the strict CALL message at ``data[start:]`` with its seqid left out,
-    its seqid): what a client repeating a call sends again but for the seqid, for calls of
-    at most :data:`REPEAT_BYTES` (see :func:`seqid_offset`)."""
-    at = seqid_offset(data, start)
-    if at is None:
-        return None
-    return data[start:at] + data[at + 4 :], _unpack_i32(data, at)[0]
 
 
 def encode_header(name: str, mtype: int, seqid: int) -> bytes:
@@ -383,11 +378,17 @@ class Scanner(Protocol):
     def rebase(self, dropped: int) -> None: ...
 
 
-try:  # The C twin is ~100x faster; the Python one stays as reference and fallback.
+parse_header: Callable[[bytes | bytearray | memoryview, int, int], MessageHeader | None]
+try:  # The C twins are ~100x faster; the Python ones stay as reference and fallback.
     from proxy.wire._scanner import StructScanner as _CStructScanner
+    from proxy.wire._scanner import configure_header
+    from proxy.wire._scanner import parse_header as _c_parse_header
 except ImportError:  # pragma: no cover - only where the extension could not be built
     StructScanner: type[Scanner] = PyStructScanner
+    parse_header = py_parse_header
     ACCELERATED = False
 else:
+    configure_header(MessageHeader)
     StructScanner = _CStructScanner
+    parse_header = _c_parse_header
     ACCELERATED = True

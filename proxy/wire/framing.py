@@ -13,8 +13,10 @@ as they arrive, dropping them once taken so a 100 MB reply never sits in memory.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from proxy.wire import binary
 from proxy.wire.binary import MessageHeader, Scanner, StructScanner, parse_header
@@ -38,8 +40,10 @@ class Transport(StrEnum):
         return _FRAME.pack(length) if self is Transport.FRAMED else b""
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(NamedTuple):
+    """One message (a named tuple: made for every request, and a frozen dataclass costs
+    several times as much to build)."""
+
     header: MessageHeader
     data: bytes  # header and struct exactly as received, without any frame prefix
 
@@ -63,45 +67,72 @@ def whole_message(data: bytes, transport: Transport, max_size: int) -> Message |
     """The one complete message ``data`` holds, if it holds exactly one and nothing more
     (what a client waiting for each reply sends in one piece); ``None`` otherwise, bad bytes
     included: a :class:`MessageReader` then takes ``data`` the ordinary way and says why."""
-    start = 4 if transport is Transport.FRAMED else 0
+    framed = transport is Transport.FRAMED
+    header = whole_header(data, framed, max_size)
+    return None if header is None else Message(header, data[4:] if framed else data)
+
+
+def py_whole_header(data: bytes, framed: bool, max_size: int) -> MessageHeader | None:
+    """The header of the one complete message ``data`` holds (see :func:`whole_message`;
+    ``framed``: on the framed transport), ``None`` if it does not hold exactly one:
+    :data:`whole_header`'s Python twin."""
+    start = 4 if framed else 0
     end = len(data)
     if end - start > max_size:
         return None
-    if transport is Transport.FRAMED and (end < 4 or _FRAME.unpack_from(data, 0)[0] != end - 4):
+    if framed and (end < 4 or _FRAME.unpack_from(data, 0)[0] != end - 4):
         return None
     try:
-        header = parse_header(data, start, end)
+        header = binary.py_parse_header(data, start, end)
         if header is None:
             return None
-        scanner = StructScanner(start + header.length, end)
+        scanner = binary.PyStructScanner(start + header.length, end)
         if not scanner.scan(data, end) or scanner.pos != end:
             return None
     except (ProtocolError, LimitExceeded):
         return None
-    return Message(header, data[start:] if start else data)
+    return header
 
 
 def call_without_seqid(data: bytes, transport: Transport) -> tuple[bytes, int] | None:
     """(the message's bytes without its seqid, the seqid) if ``data`` is one small strict
-    call on ``transport`` (see :func:`binary.call_without_seqid`): a framed one must fill
-    its frame exactly. ``None``: not such a call."""
-    start = _call_start(data, transport)
-    return None if start is None else binary.call_without_seqid(data, start)
+    call on ``transport`` (see :func:`binary.seqid_offset`): what a client repeating a call
+    sends again but for the seqid. A framed one must fill its frame exactly. ``None``: not
+    such a call."""
+    return without_seqid(data, transport is Transport.FRAMED)
+
+
+def py_without_seqid(data: bytes, framed: bool) -> tuple[bytes, int] | None:
+    """:data:`without_seqid`'s Python twin (see :func:`call_without_seqid`)."""
+    start = _call_start(data, framed)
+    at = None if start is None else binary.seqid_offset(data, start)
+    if start is None or at is None:
+        return None
+    return data[start:at] + data[at + 4 :], _FRAME.unpack_from(data, at)[0]
 
 
 def seqid_offset(data: bytes, transport: Transport) -> int | None:
     """Where the seqid is in ``data``, if it is one small strict call on ``transport`` (as
     :func:`call_without_seqid` knows it)."""
-    start = _call_start(data, transport)
+    start = _call_start(data, transport is Transport.FRAMED)
     return None if start is None else binary.seqid_offset(data, start)
 
 
-def _call_start(data: bytes, transport: Transport) -> int | None:
-    if transport is Transport.FRAMED:
+def _call_start(data: bytes, framed: bool) -> int | None:
+    if framed:
         if len(data) < 4 or _FRAME.unpack_from(data, 0)[0] != len(data) - 4:
             return None
         return 4
     return 0
+
+
+whole_header: Callable[[bytes, bool, int], MessageHeader | None] = py_whole_header
+without_seqid: Callable[[bytes, bool], tuple[bytes, int] | None] = py_without_seqid
+if binary.ACCELERATED:  # the C twins (see _scanner.c): a request's first steps, one call each
+    from proxy.wire._scanner import whole_header as _c_whole_header
+    from proxy.wire._scanner import without_seqid as _c_without_seqid
+
+    whole_header, without_seqid = _c_whole_header, _c_without_seqid
 
 
 class MessageReader:
