@@ -231,8 +231,9 @@ class Metrics:
             "Bytes written to the cache (after compression)",
             registry=r,
         )
+        # (Counted on the loop for every forwarded call, as the hit path's are.)
         self.upstream_requests = _PerMethod(
-            Counter(
+            LoopCounter(
                 "hmsproxy_upstream_requests",
                 "Calls sent to the Hive Metastore, by outcome of the exchange",
                 ["method", "outcome"],
@@ -252,7 +253,7 @@ class Metrics:
         for name in bridge.REPLACEMENTS:
             self.bridged_calls.labels(name)
         self.upstream_duration = _Children(
-            Histogram(
+            LoopHistogram(
                 "hmsproxy_upstream_request_duration_seconds",
                 "Time the Hive Metastore took to answer, to the last byte",
                 ["method"],
