@@ -58,11 +58,21 @@ class ProxyProcess:
         try:
             alive = lambda: self.process.poll() is None  # type: ignore[union-attr]  # noqa: E731
             wait_for_port(self.port, 30, alive=alive)
-            if self.args.count("--admin-listen") == 1:  # ours: it opens after the Thrift port
-                wait_for_port(self.admin_port, 30, alive=alive)
+            admin = self.admin_listen_port()
+            if admin is not None:  # (it opens after the Thrift port)
+                wait_for_port(admin, 30, alive=alive)
         except Exception as exc:
             raise RuntimeError(f"proxy did not start: {exc}\n{self.log()}") from exc
         return self
+
+    def admin_listen_port(self) -> int | None:
+        """The admin port the proxy listens on: the last ``--admin-listen`` given (a test's
+        own, given after the rig's, wins), if it is a loopback or any-address port."""
+        at = len(self.args) - 1 - self.args[::-1].index("--admin-listen")
+        host, _, port = self.args[at + 1].rpartition(":")
+        if host not in ("127.0.0.1", "0.0.0.0") or not port.isdigit():
+            return None
+        return int(port)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
