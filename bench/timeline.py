@@ -61,13 +61,13 @@ def wrap(owner, name, before, after):
 wrap(server._ClientProtocol, "data_received", "request", "request done")
 wrap(streams.DivertingProtocol, "data_received", "reply", "reply done")
 wrap(dispatch, "guarded_write", "write", "written")
-wrap(server._Session, "_write_now", "write", "written")
+wrap(server.ClientConnection, "write_at_once", "write", "written")
 if os.environ["YIELD"] == "1":
-    original = server._Session._write_now
+    original = server.ClientConnection.write_at_once
     def then_yield(self, reply):
         original(self, reply)
         os.sched_yield()
-    server._Session._write_now = then_yield
+    server.ClientConnection.write_at_once = then_yield
 def save():
     with open(os.environ["MARKS"], "w") as out:
         out.writelines(f"{tag}|{at!r}\\n" for tag, at in marks)
@@ -131,11 +131,11 @@ STEPS = ["request", "write", "written", "request done", "reply", "write", "writt
 SPANS = [
     ("the request's callback, before its write", 0, 1),
     ("its write to the metastore", 1, 2),
-    ("the callback, after the write", 2, 3),
+    ("the request's callback, after its write", 2, 3),
     ("the metastore (from the write to the reply's callback)", 2, 4),
     ("the reply's callback, before its write", 4, 5),
     ("its write to the client", 5, 6),
-    ("the callback, after the write", 6, 7),
+    ("the reply's callback, after its write", 6, 7),
 ]
 
 

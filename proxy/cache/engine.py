@@ -213,7 +213,7 @@ class CacheEngine:
         """The hit (its reply at most ``largest`` bytes) to serve for a cacheable read on a
         shared connection, if it is one that needs no await (see :meth:`WholeReads.hit_now`);
         ``None``: take :meth:`read`, which decides again (nothing was counted). ``repeat``:
-        the call's bytes but for its seqid (``binary.call_without_seqid``); its plan is then
+        the call's bytes but for its seqid (``framing.call_without_seqid``); its plan is then
         remembered by them, for :meth:`repeated_hit`."""
         plan = self.plan_read(spec, message, identity)
         if plan is None:

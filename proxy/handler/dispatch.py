@@ -243,7 +243,7 @@ class CallHandler:
         self, session: SessionState, repeat: bytes, seqid: int, write: Callable[[bytes], None]
     ) -> Ready | Literal[False] | None:
         """:meth:`serve_hit_now` for a call known by its bytes but for the seqid (``repeat``,
-        see ``binary.call_without_seqid``), without the message: the hit it answered;
+        see ``framing.call_without_seqid``), without the message: the hit it answered;
         ``None`` if it is known and not a hit to answer at once; ``False`` if the bytes are
         not known (then ask :meth:`serve_hit_now`)."""
         cache = self.cache

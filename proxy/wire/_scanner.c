@@ -356,7 +356,7 @@ static PyObject *read_strings(PyObject *module, PyObject *args) {
 
 /* ---- Message headers, whole requests, a call's bytes without its seqid -------------------
  * Twins of proxy.wire.binary.parse_header, proxy.wire.framing.whole_message's test and
- * proxy.wire.binary.call_without_seqid: each request (and each reply a forwarded call
+ * proxy.wire.framing.call_without_seqid: each request (and each reply a forwarded call
  * relays) went through several Python calls here before the proxy decided anything, and
  * from cold memory those cost more than the decision (docs/benchmarks.md, issue 16). */
 
@@ -428,16 +428,16 @@ static PyObject *header_object(const unsigned char *buf, const Header *h) {
     }
     PyObject *items[5] = {name, PyLong_FromLong(h->type), PyLong_FromLong(h->seqid),
                           PyBool_FromLong(h->strict), PyLong_FromSsize_t(h->length)};
-    PyObject *header = NULL;
-    if (items[1] != NULL && items[2] != NULL && items[4] != NULL) {
-        /* What tuple.__new__ does for a subclass (a named tuple adds no fields). */
-        header = HeaderType->tp_alloc(HeaderType, 5);
-    }
-    if (header == NULL) {
-        for (int i = 0; i < 5; i++) Py_XDECREF(items[i]);
-        return NULL;
-    }
-    for (int i = 0; i < 5; i++) PyTuple_SET_ITEM(header, i, items[i]); /* (references moved) */
+    PyObject *header = NULL, *values = NULL, *args = NULL;
+    if (items[1] != NULL && items[2] != NULL && items[4] != NULL)
+        values = PyTuple_Pack(5, items[0], items[1], items[2], items[3], items[4]);
+    if (values != NULL) args = PyTuple_Pack(1, values);
+    /* tuple.__new__(MessageHeader, values): what the named tuple's own __new__ does, without
+     * its Python frame (and whatever a tuple holds beside its items set as tuples set it). */
+    if (args != NULL) header = PyTuple_Type.tp_new(HeaderType, args, NULL);
+    for (int i = 0; i < 5; i++) Py_XDECREF(items[i]);
+    Py_XDECREF(values);
+    Py_XDECREF(args);
     return header;
 }
 

@@ -14,7 +14,9 @@ def test_a_call_is_laid_out_from_its_eight_marks_and_others_are_left_out() -> No
     tags = ["write", *STEPS, "request", "write"]
     rows = layout([(9.0, 33.0), (49.0, 60.0)], times, tags)
     assert len(rows) == 1  # (the second call's marks are not the eight)
-    spans = dict(zip([name for name, _, _ in SPANS], rows[0], strict=False))
+    names = [name for name, _, _ in SPANS]
+    assert len(set(names)) == len(names)
+    spans = dict(zip(names, rows[0], strict=False))
     assert spans["the request's callback, before its write"] == 1.0
     assert spans["its write to the metastore"] == 2.0
     assert spans["the metastore (from the write to the reply's callback)"] == 7.0
@@ -25,6 +27,7 @@ def test_a_call_is_laid_out_from_its_eight_marks_and_others_are_left_out() -> No
 
 @pytest.mark.parametrize("missing", range(len(STEPS)))
 def test_a_call_missing_any_mark_is_left_out(missing: int) -> None:
-    times = [float(i) for i in range(1, len(STEPS))]
-    tags = [tag for i, tag in enumerate(STEPS) if i != missing]
+    # (Eight marks all the same: the next call's first one follows.)
+    times = [float(i) for i in range(1, len(STEPS) + 1)]
+    tags = [tag for i, tag in enumerate(STEPS) if i != missing] + ["request"]
     assert layout([(0.5, 100.0)], times, tags) == []

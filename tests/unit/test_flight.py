@@ -95,10 +95,13 @@ async def held_in_flight(r: Rig, port: int) -> tuple[Client, Slow]:
 @pytest.mark.parametrize("upstream", ["buffered", "framed"])
 @pytest.mark.parametrize("transport", ["buffered", "framed"])
 def test_a_forwarded_call_is_answered_as_its_reply_arrives_byte_for_byte(
-    transport: str, upstream: str, flown: list[str]
+    transport: str, upstream: str, flown: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # (Each reply comes in one read, so it is taken as it came: see Flight.data_received.)
     values = {"client_transport": transport, "upstream_transport": upstream}
+    # Each reply comes in one read, so it is taken as it came (see Flight.data_received),
+    # never gathered in pieces.
+    pieces: list[bytes] = []
+    monkeypatch.setattr(Flight, "_piece_received", lambda self, data: pieces.append(data))
 
     async def run() -> None:
         async with listening(cache=False, **values) as (r, counted, port):
@@ -127,6 +130,7 @@ def test_a_forwarded_call_is_answered_as_its_reply_arrives_byte_for_byte(
             )
             assert r.requests("get_table", "user_error") == 1
             assert counted.calls == 1
+            assert pieces == []
             await client.close()
 
     asyncio.run(run())
