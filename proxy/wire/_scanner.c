@@ -373,6 +373,14 @@ typedef struct {
     int strict;
 } Header;
 
+/* Whether a method name may be ``length`` bytes long (raised if not): binary's
+ * _check_name_length, for both forms of header. */
+static int plausible_name_length(int32_t length) {
+    if (length > 0 && length <= MAX_NAME_LENGTH) return 1;
+    PyErr_Format(ProtocolError, "implausible method name length %d", (int)length);
+    return 0;
+}
+
 /* The header at buf[start:end]: 1 found, 0 more bytes needed, -1 bad (raised). */
 static int read_header(const unsigned char *buf, Py_ssize_t start, Py_ssize_t end, Header *h) {
     if (end - start < 4) return 0;
@@ -386,10 +394,7 @@ static int read_header(const unsigned char *buf, Py_ssize_t start, Py_ssize_t en
         }
         if (end < start + 8) return 0;
         int32_t name_length = read_i32(buf + start + 4);
-        if (name_length <= 0 || name_length > MAX_NAME_LENGTH) {
-            PyErr_Format(ProtocolError, "implausible method name length %d", (int)name_length);
-            return -1;
-        }
+        if (!plausible_name_length(name_length)) return -1;
         Py_ssize_t seq_at = start + 8 + name_length;
         if (end < seq_at + 4) return 0;
         h->name_start = start + 8;
@@ -401,10 +406,7 @@ static int read_header(const unsigned char *buf, Py_ssize_t start, Py_ssize_t en
         return 1;
     }
     /* Old clients (TBinaryProtocol with strictWrite off) start with the name's length. */
-    if (first == 0 || first > MAX_NAME_LENGTH) {
-        PyErr_Format(ProtocolError, "implausible method name length %d", (int)first);
-        return -1;
-    }
+    if (!plausible_name_length(first)) return -1;
     Py_ssize_t type_at = start + 4 + first;
     if (end < type_at + 5) return 0;
     h->name_start = start + 4;
