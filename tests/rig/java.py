@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 RIG_DIR = Path(__file__).resolve().parents[2] / ".rig"
@@ -25,19 +26,30 @@ def classpath(*extra: Path) -> str:
 
 
 def compiled_helpers() -> Path:
-    """Compile tests/rig/java/*.java once per content; returns the classes folder."""
+    """Compile tests/rig/java/*.java once per content; returns the classes folder. Safe to
+    call from several processes at once (pytest-xdist's workers): each compiles into a
+    folder of its own, and the first to rename it into place wins."""
     sources = sorted(SOURCES.glob("*.java"))
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:16]
     out = RIG_DIR / f"classes-{digest}"
     if (out / ".done").exists():
         return out
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    subprocess.run(
-        ["javac", "-nowarn", "-d", str(out), "-cp", classpath(), *map(str, sources)],
-        check=True,
-        capture_output=True,
-    )
-    (out / ".done").touch()
+    RIG_DIR.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=RIG_DIR))
+    try:
+        subprocess.run(
+            ["javac", "-nowarn", "-d", str(building), "-cp", classpath(), *map(str, sources)],
+            check=True,
+            capture_output=True,
+        )
+        (building / ".done").touch()
+        if out.exists() and not (out / ".done").exists():
+            shutil.rmtree(out, ignore_errors=True)  # a compile that died half-way, once
+        try:
+            building.rename(out)
+        except OSError:  # another process put its own there first (the same classes)
+            if not (out / ".done").exists():
+                raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
     return out
