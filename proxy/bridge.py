@@ -160,7 +160,7 @@ class Removals:
 
     def __init__(self) -> None:
         self._removed: set[tuple[Hashable, str]] = set()
-        self._names: set[str] = set()  # the methods some metastore lacks
+        self.names: set[str] = set()  # the methods some metastore is known to lack
 
     def replacement(self, endpoint: Hashable, name: str) -> str | None:
         """The ``_req`` form to send instead of ``name`` to ``endpoint``, if it is known to
@@ -174,12 +174,8 @@ class Removals:
         can find it out at once: one of them says so)."""
         new = (endpoint, name) not in self._removed
         self._removed.add((endpoint, name))
-        self._names.add(name)
+        self.names.add(name)
         return new
-
-    def lacked(self, name: str) -> bool:
-        """Whether some metastore is known to lack ``name``."""
-        return name in self._names
 
 
 class ReplyStream:

@@ -154,7 +154,7 @@ class CallHandler:
             plain = self._plain_method(name)
             if len(self._plain) < _PLAIN_MEMO:  # (names are the client's: bounded)
                 self._plain[name] = plain
-        return plain and not self.forwarder.removals.lacked(name)
+        return plain and name not in self.forwarder.removals.names
 
     def _plain_method(self, name: str) -> bool:
         if name in _NOT_PLAIN or name in idl.oneway_methods():
@@ -182,15 +182,21 @@ class CallHandler:
         conn = pool.take_now(session.identity)
         if conn is None:
             return None
-        assert conn.diverter is not None
+        diverter = conn.diverter
+        assert diverter is not None and diverter.transport is not None
+        request = message.data if message.header.strict else upstream_request(message)
+        if conn.replies.transport is Transport.FRAMED:
+            request = Transport.FRAMED.frame(request)
         try:
-            guarded_write(conn.writer, conn.replies.transport.frame(upstream_request(message)))
+            # Straight to its transport (StreamWriter.write only calls it): on a forwarded
+            # call's way to the metastore, from cold memory, each Python step counts.
+            guarded_write(diverter.transport, request)
         except ConnectionError:  # closed under us, before a byte of the call went out
             pool.discard(conn)
             return None
         return Flight(
             conn,
-            conn.diverter,
+            diverter,
             message.header,
             pool,
             self.metrics,
