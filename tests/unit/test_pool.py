@@ -247,6 +247,38 @@ def test_an_idle_connection_past_its_timeout_or_closed_by_the_metastore_is_not_r
     asyncio.run(run())
 
 
+def test_a_call_sent_at_once_passes_over_idle_connections_past_their_timeout_or_closed() -> None:
+    """take_now (a forwarded call's connection, taken as the call arrives) holds idle
+    connections to the same freshness as acquire: the newest is taken in place when fresh,
+    else the stale ones are closed and an older fresh one is taken, if any."""
+
+    async def run() -> None:
+        async with pool_on() as (pool, hms):
+            older = await pool.acquire(None)
+            newest = await pool.acquire(None)
+            pool.release(older, reusable=True)
+            pool.release(newest, reusable=True)
+            assert newest.diverter is not None  # (what take_now takes)
+            taken = pool.take_now(None)
+            assert taken is newest  # the most recently used, fresh: taken in place
+            assert taken is not None
+            pool.release(taken, reusable=True)
+
+            newest.idle_since -= pool.options.upstream_idle_timeout + 1
+            assert pool.take_now(None) is older  # past its timeout: closed, passed over
+            await until(lambda: hms.connections[1].closed)
+            pool.release(older, reusable=True)
+
+            hms.connections[0].close()  # the HMS drops the last idle one
+            await until(lambda: not older.usable)
+            assert pool.take_now(None) is None  # nothing fresh: the ordinary way opens one
+            third = await pool.acquire(None)
+            assert third not in (older, newest)
+            assert len(hms.connections) == 3
+
+    asyncio.run(run())
+
+
 def test_a_stale_pooled_connection_is_retried_once_on_a_fresh_one() -> None:
     async def run() -> None:
         async with rig(upstream_max_connections=1, upstream_max_idle=1) as r:
