@@ -33,6 +33,11 @@ from proxy.upstream import result_outcome
 from proxy.wire.binary import reseq
 from proxy.wire.framing import Transport
 
+# Replies from this size are written as two pieces (header, and a view of the rest) rather
+# than joined: a 120 KB reply's copy cost more than the hit's other steps together, from cold
+# memory (docs/benchmarks.md); a small one's costs less than a second piece.
+JOIN_BELOW = 16 * 1024
+
 
 def prepared(reply: Payload) -> tuple[bytes, Payload, str]:
     """A cached reply's parts as every hit on it writes them: its header up to the seqid,
@@ -121,8 +126,12 @@ class Again:
         ):
             return False
         at = self.at
+        rest = parts[1]
         try:
-            transport.write(self.head + data[at : at + 4] + parts[1])
+            if len(rest) < JOIN_BELOW:
+                transport.write(self.head + data[at : at + 4] + rest)
+            else:  # (uvloop's sends both in one system call, and copies neither)
+                transport.writelines((self.head + data[at : at + 4], rest))
         except (ConnectionError, RuntimeError) as exc:  # (uvloop's, on a closed transport)
             self.gone.value += 1
             transport.close()

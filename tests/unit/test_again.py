@@ -18,6 +18,7 @@ from proxy.cache import locks
 from proxy.cache.keys import Bump, TableRef
 from proxy.cache.ready import Ready
 from proxy.handler import CallHandler
+from proxy.handler.again import JOIN_BELOW
 from proxy.server import ThriftServer
 from tests.rig.raw import seqid_of
 from tests.unit.inprocess import Rig, rig
@@ -90,6 +91,38 @@ def test_a_call_asked_again_is_answered_from_its_last_hit_with_the_hms_bytes(
             assert looked_up.calls == 3
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("transport", ["buffered", "framed"])
+def test_a_big_reply_is_answered_again_byte_for_byte_in_two_pieces(
+    transport: str, loop: str
+) -> None:
+    """A reply of JOIN_BELOW bytes or more goes out as its header and a view of the rest
+    (writelines), on either event loop: the same bytes as the metastore's."""
+
+    async def run() -> None:
+        async with listening(client_transport=transport) as (r, counted, port):
+            r.hms.add_table(DB, T, v="x" * JOIN_BELOW)
+            client = await connect(r, port)
+            try:
+                assert len(answer(r, 1)) > JOIN_BELOW
+                for seqid in (1, 2, 3, 2**31 - 1):  # a miss, a hit, then answered again
+                    # (a reply cut short would leave the client waiting: bounded here)
+                    reply = await asyncio.wait_for(client.call(get_table(seqid)), 30)
+                    assert reply == answer(r, seqid)
+                assert counted.calls == 1
+                assert r.requests("get_table", "ok") == 4
+            finally:
+                await client.close()
+
+    if loop == "uvloop":
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(run())
+    else:
+        asyncio.run(run())
 
 
 def test_an_exception_reply_is_answered_again_as_it_was_cached() -> None:
