@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.rig import kdc
+from tests.rig import kdc, machine
 from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.redis_server import RedisCluster, RedisServer
@@ -50,6 +50,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             "these tests use a Hive Metastore fixture but lack the hms marker "
             "(pytestmark = pytest.mark.hms):\n  " + "\n  ".join(unmarked)
         )
+
+
+@pytest.fixture(autouse=True)
+def _machine_turn(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests marked ``whole_machine`` run with no other test beside them (see
+    tests.rig.machine: the suite runs in two processes)."""
+    with machine.turn(request.node.get_closest_marker("whole_machine") is not None):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,7 @@ def demo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     )
 
 
+@pytest.mark.whole_machine  # (its busy loops would starve a test running beside it)
 def test_the_demo_passes_with_both_cores_busy_and_can_be_left_running() -> None:
     burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(os.cpu_count() or 2)]
     try:

@@ -8,7 +8,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-RIG_DIR = Path(__file__).resolve().parents[2] / ".rig"
+from tests.rig import machine
+
+RIG_DIR = machine.RIG_DIR
 SOURCES = Path(__file__).resolve().parent / "java"
 
 
@@ -26,30 +28,29 @@ def classpath(*extra: Path) -> str:
 
 
 def compiled_helpers() -> Path:
-    """Compile tests/rig/java/*.java once per content; returns the classes folder. Safe to
-    call from several processes at once (pytest-xdist's workers): each compiles into a
-    folder of its own, and the first to rename it into place wins."""
+    """Compile tests/rig/java/*.java once per content; returns the classes folder. One
+    process at a time (pytest-xdist's workers share .rig/): the others wait, then find it
+    built. Compiled into a folder of its own and renamed into place, so a compile that dies
+    half-way leaves nothing that looks built."""
     sources = sorted(SOURCES.glob("*.java"))
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:16]
     out = RIG_DIR / f"classes-{digest}"
     if (out / ".done").exists():
         return out
-    RIG_DIR.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=RIG_DIR))
-    try:
-        subprocess.run(
-            ["javac", "-nowarn", "-d", str(building), "-cp", classpath(), *map(str, sources)],
-            check=True,
-            capture_output=True,
-        )
-        (building / ".done").touch()
-        if out.exists() and not (out / ".done").exists():
-            shutil.rmtree(out, ignore_errors=True)  # a compile that died half-way, once
+    with machine.alone("classes"):
+        if (out / ".done").exists():
+            return out  # (another process built it meanwhile)
+        for left in [out, *RIG_DIR.glob(".classes-*")]:
+            shutil.rmtree(left, ignore_errors=True)  # half-built, by a process that died
+        building = Path(tempfile.mkdtemp(prefix=".classes-", dir=RIG_DIR))
         try:
+            subprocess.run(
+                ["javac", "-nowarn", "-d", str(building), "-cp", classpath(), *map(str, sources)],
+                check=True,
+                capture_output=True,
+            )
+            (building / ".done").touch()
             building.rename(out)
-        except OSError:  # another process put its own there first (the same classes)
-            if not (out / ".done").exists():
-                raise
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
     return out
