@@ -77,10 +77,10 @@ class Model:
         self.slowest = 0.0
         self.wrote_through_other = False
         # The metastore's answers since the last write, by request (seqid zeroed): with no
-        # write between, it answers the same call with the same bytes, so the second battery
-        # of a step asks it nothing again (the same request, seqid and all, is sent to the
-        # proxies). Cleared by every write.
-        self.answers: dict[bytes, tuple[bytes, bytes]] = {}
+        # write between, it answers the same call with the same bytes but for the seqid,
+        # which it echoes, so the second battery of a step asks it nothing again (the
+        # proxies still get a new seqid each time). Cleared by every write.
+        self.answers: dict[bytes, bytes] = {}
 
     def close(self) -> None:
         self.via.close()
@@ -106,9 +106,9 @@ class Model:
         known = self.answers.get(key)
         if known is None:
             direct = self.direct.call(request)
-            self.answers[key] = (request, direct)
+            self.answers[key] = direct
         else:
-            request, direct = known
+            direct = raw.with_seqid(known, self.seqid)
         proxied = self.via.call(request)
 
         # Byte for byte, except get_partitions_by_names assembled from partitions cached from

@@ -163,6 +163,13 @@ def without_seqid(message: bytes) -> bytes:
     return message[:at] + b"\0\0\0\0" + message[at + 4 :]
 
 
+def with_seqid(message: bytes, seqid: int) -> bytes:
+    """A strict-header message with its seqid replaced."""
+    (name_len,) = struct.unpack_from(">i", message, 4)
+    at = 8 + name_len
+    return message[:at] + struct.pack(">i", seqid) + message[at + 4 :]
+
+
 def same_result(method: str, a: bytes, b: bytes) -> bool:
     """Equal as Thrift values (header, then the decoded result). For replies the HMS itself
     does not serialize deterministically: it writes a partition's parameter map in an order
