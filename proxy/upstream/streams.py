@@ -51,6 +51,7 @@ class DivertingProtocol(asyncio.StreamReaderProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.receiver is not None:
             self.receiver.ended()
+        self.transport = None  # (as asyncio drops its own: no cycle left for the GC)
         super().connection_lost(exc)
 
 
