@@ -1,22 +1,74 @@
+"""Ports for the rig's servers.
+
+Chosen at random below the kernel's ephemeral range, where no client connection takes its
+local port (the suite opens thousands), each pytest-xdist worker in a slice of its own, so
+two workers never pick the same port in the seconds before a server binds it. Outside
+that range's reach (a machine whose ephemeral range starts low), the kernel picks, as
+``bind(0)`` does."""
+
 from __future__ import annotations
 
+import os
+import random
 import socket
 import time
+
+LOWEST = 10_000  # (well above the machine's own services' well-known ports)
+
+
+def _ephemeral_start() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _slice() -> range:
+    """This process's ports: its worker's share of [LOWEST, the ephemeral range)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+    size = (_ephemeral_start() - LOWEST) // workers
+    start = LOWEST + (index % workers) * size
+    return range(start, start + max(0, size))
+
+
+def _candidates(avoid: set[int]) -> list[int]:
+    ours = _slice()
+    if len(ours) < 100:
+        return []
+    return [p for p in random.sample(ours, min(len(ours), 200)) if p not in avoid]
+
+
+def _kernel_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def free_port(below: int = 65536) -> int:
     """A port nothing listens on now (and, for Redis Cluster, whose bus port +10000 fits)."""
+    for port in _candidates(set()):
+        if port < below and _free(port) and (below == 65536 or _free(port + 10000)):
+            return port
     while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
+        port = _kernel_port()
         if port < below and _free(port + 10000 if below < 65536 else port):
             return port
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` different ports nothing listens on now: held open together while they are
-    chosen, so that no two are the same (``free_port`` twice can give one port twice)."""
+    """``count`` different ports nothing listens on now."""
+    chosen: list[int] = []
+    for port in _candidates(set()):
+        if len(chosen) == count:
+            break
+        if port not in chosen and _free(port):
+            chosen.append(port)
+    if len(chosen) == count:
+        return chosen
+    # The kernel's: held open together while they are chosen, so that no two are the same.
     held: list[socket.socket] = []
     try:
         for _ in range(count):
