@@ -52,11 +52,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         )
 
 
-@pytest.fixture(autouse=True)
-def _machine_turn(request: pytest.FixtureRequest) -> Iterator[None]:
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Tests marked ``whole_machine`` run with no other test beside them (see
-    tests.rig.machine: the suite runs in two processes)."""
-    with machine.turn(request.node.get_closest_marker("whole_machine") is not None):
+    tests.rig.machine: the suite runs in two processes). Around the whole of each test,
+    the fixtures it starts and stops included (metastores, Redis clusters), and outside
+    pytest-timeout's clock: a test's wait for its turn is not its own time."""
+    with machine.turn(item.get_closest_marker("whole_machine") is not None):
         yield
 
 

@@ -8,12 +8,19 @@ that range's reach (a machine whose ephemeral range starts low), the kernel pick
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import socket
 import time
 
 LOWEST = 10_000  # (well above the machine's own services' well-known ports)
+CLUSTER_BUS_OFFSET = 10_000  # a Redis Cluster node's bus port is its port + this
+
+# No state to be reseeded (hypothesis reseeds the global random for every example).
+_random = random.SystemRandom()
+# Ports this process gave out lately: not given again before their server has bound them.
+_given: collections.deque[int] = collections.deque(maxlen=512)
 
 
 def _ephemeral_start() -> int:
@@ -34,11 +41,15 @@ def _slice() -> range:
     return range(start, start + max(0, size))
 
 
-def _candidates(avoid: set[int]) -> list[int]:
-    ours = _slice()
+def _candidates(ours: range) -> list[int]:
     if len(ours) < 100:
         return []
-    return [p for p in random.sample(ours, min(len(ours), 200)) if p not in avoid]
+    return [p for p in _random.sample(ours, min(len(ours), 200)) if p not in _given]
+
+
+def _give(port: int) -> int:
+    _given.append(port)
+    return port
 
 
 def _kernel_port() -> int:
@@ -48,26 +59,32 @@ def _kernel_port() -> int:
 
 
 def free_port(below: int = 65536) -> int:
-    """A port nothing listens on now (and, for Redis Cluster, whose bus port +10000 fits)."""
-    for port in _candidates(set()):
-        if port < below and _free(port) and (below == 65536 or _free(port + 10000)):
-            return port
+    """A port nothing listens on now; ``below``: a Redis Cluster node's, whose bus port
+    (+10000) must be free too, and in this worker's slice as well (so picked from its
+    slice's lower part)."""
+    cluster = below < 65536
+    ours = _slice()
+    if cluster:
+        ours = range(ours.start, min(ours.stop - CLUSTER_BUS_OFFSET, below))
+    for port in _candidates(ours):
+        if _free(port) and (not cluster or _free(port + CLUSTER_BUS_OFFSET)):
+            return _give(port)
     while True:
         port = _kernel_port()
-        if port < below and _free(port + 10000 if below < 65536 else port):
-            return port
+        if port < below and _free(port + CLUSTER_BUS_OFFSET if cluster else port):
+            return _give(port)
 
 
 def free_ports(count: int) -> list[int]:
     """``count`` different ports nothing listens on now."""
     chosen: list[int] = []
-    for port in _candidates(set()):
+    for port in _candidates(_slice()):
         if len(chosen) == count:
             break
         if port not in chosen and _free(port):
             chosen.append(port)
     if len(chosen) == count:
-        return chosen
+        return [_give(port) for port in chosen]
     # The kernel's: held open together while they are chosen, so that no two are the same.
     held: list[socket.socket] = []
     try:
@@ -82,9 +99,18 @@ def free_ports(count: int) -> list[int]:
 
 
 def _free(port: int) -> bool:
-    with socket.socket() as s:
+    """Whether ``port`` can be bound on every address (the metastores listen on all): a
+    dual-stack wildcard bind conflicts with any listener on it, IPv4 or IPv6."""
+    try:
+        probe = socket.socket(socket.AF_INET6)
+        probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        address: tuple[str, int] = ("::", port)
+    except OSError:  # (no IPv6 here)
+        probe = socket.socket()
+        address = ("0.0.0.0", port)
+    with probe:
         try:
-            s.bind(("127.0.0.1", port))
+            probe.bind(address)
         except OSError:
             return False
         return True

@@ -9,6 +9,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.rig import machine
 
 
@@ -75,3 +77,27 @@ def test_tests_that_share_the_machine_run_together(tmp_path: Path) -> None:
     for thread in threads:
         thread.join(15)
     assert not inside.broken
+
+
+def test_a_turn_not_had_within_its_limit_fails_saying_why(tmp_path: Path) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with machine.turn(True, tmp_path):
+            started.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    started.wait(10)
+    try:
+        with (
+            pytest.raises(TimeoutError, match=r"waited 0\.2 s for the machine"),
+            machine.turn(False, tmp_path, limit=0.2),
+        ):
+            pass
+    finally:
+        release.set()
+        holder.join(10)
+    with machine.turn(False, tmp_path, limit=5):  # and had once it is free
+        pass
