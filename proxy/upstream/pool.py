@@ -216,7 +216,7 @@ class UpstreamPool:
         conn = queue[-1]
         if conn.diverter is None:
             return None
-        if conn.usable and time.monotonic() - conn.idle_since < self.options.upstream_idle_timeout:
+        if self._fresh(conn, time.monotonic()):
             # The usual: the most recent is fresh (what _take_idle does, in fewer steps: on
             # a forwarded call's way to the metastore, from cold memory, each step counts).
             queue.pop()
@@ -327,7 +327,7 @@ class UpstreamPool:
         while queue:
             conn = queue.pop()  # most recently used first: it is the least likely to be stale
             self._idle_count -= 1
-            if conn.usable and now - conn.idle_since < self.options.upstream_idle_timeout:
+            if self._fresh(conn, now):
                 found = conn
                 break
             self._discard(conn)
@@ -336,6 +336,11 @@ class UpstreamPool:
             # it must hold a connection (many identities, each with its own, hit this).
             del self._idle[identity]
         return found
+
+    def _fresh(self, conn: UpstreamConnection, now: float) -> bool:
+        """Whether an idle connection may be used: open on both sides, idle less than the
+        idle timeout (the metastore may close one idle longer)."""
+        return conn.usable and now - conn.idle_since < self.options.upstream_idle_timeout
 
     def _pop_oldest_idle(self) -> UpstreamConnection:
         identity, queue = next(iter(self._idle.items()))
