@@ -94,10 +94,7 @@ class ClientConnection:
             return
         if plain.is_closing():
             raise ConnectionResetError("the client connection is closed")
-        try:
-            plain.write(message)
-        except RuntimeError as exc:  # (guarded_write's, one Python call fewer)
-            raise ConnectionResetError(f"the connection is closed: {exc}") from exc
+        guarded_write(plain, message)
 
     async def send_message(self, head: bytes, rest: memoryview) -> None:
         """A message given as a head and a view of the rest, written without joining them

@@ -184,9 +184,7 @@ class CallHandler:
             return None
         diverter = conn.diverter
         assert diverter is not None and diverter.transport is not None
-        request = message.data if message.header.strict else upstream_request(message)
-        if conn.replies.transport is Transport.FRAMED:
-            request = Transport.FRAMED.frame(request)
+        request = conn.replies.transport.frame(upstream_request(message))
         try:
             # Straight to its transport (StreamWriter.write only calls it): on a forwarded
             # call's way to the metastore, from cold memory, each Python step counts.

@@ -26,16 +26,13 @@ from collections.abc import Callable
 
 from proxy.metrics import Metrics, method_label
 from proxy.upstream import UpstreamConnection, UpstreamPool, UpstreamProtocolError
-from proxy.upstream.relay import STORE_BEFORE_REPLY_BYTES, result_outcome
+from proxy.upstream.relay import STORE_BEFORE_REPLY_BYTES, check_reply_header, result_outcome
 from proxy.upstream.streams import DivertingProtocol
 from proxy.wire.binary import MessageHeader, MessageType
 from proxy.wire.errors import ProtocolError
 from proxy.wire.framing import Transport, whole_header
 
 from .forward import Sent
-
-_REPLY = MessageType.REPLY
-_EXCEPTION = MessageType.EXCEPTION
 
 
 class Flight:
@@ -141,15 +138,13 @@ class Flight:
     def _expected(self, header: MessageHeader) -> bool:
         """Whether a reply with ``header`` is answered here; if not, the ordinary way looks
         at it (and checks it again, and answers what is wrong)."""
-        # (relay.check_reply_header's test, without raising: on the reply's way to the
-        # client, from cold memory, each Python step counts.)
         asked = self.header
-        if header.seqid != asked.seqid or header.name != asked.name:
+        try:
+            check_reply_header(asked.name, asked.seqid, header.name, header.type, header.seqid)
+        except UpstreamProtocolError:
             return False
-        if header.type == _REPLY:
-            return True
         # (A removed method's UNKNOWN_METHOD is bridged the ordinary way.)
-        return header.type == _EXCEPTION and not self.look_at_exceptions
+        return not (self.look_at_exceptions and header.type == MessageType.EXCEPTION)
 
     def _answer(self, header: MessageHeader, data: bytes) -> None:
         """Write the whole reply (``data``, unframed) to the client, then let the connection
