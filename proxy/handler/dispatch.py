@@ -182,19 +182,15 @@ class CallHandler:
         conn = pool.take_now(session.identity)
         if conn is None:
             return None
-        diverter = conn.diverter
-        assert diverter is not None and diverter.transport is not None
-        request = conn.replies.transport.frame(upstream_request(message))
+        assert conn.diverter is not None
         try:
-            # Straight to its transport (StreamWriter.write only calls it): on a forwarded
-            # call's way to the metastore, from cold memory, each Python step counts.
-            guarded_write(diverter.transport, request)
+            guarded_write(conn.writer, conn.replies.transport.frame(upstream_request(message)))
         except ConnectionError:  # closed under us, before a byte of the call went out
             pool.discard(conn)
             return None
         return Flight(
             conn,
-            diverter,
+            conn.diverter,
             message.header,
             pool,
             self.metrics,

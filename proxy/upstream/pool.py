@@ -209,25 +209,12 @@ class UpstreamPool:
             return None
         if self._reads_held >= self._read_share:
             return None
-        idle = self._idle
-        queue = idle.get(identity)
-        if not queue:
+        queue = self._idle.get(identity)
+        if not queue or queue[-1].diverter is None:
             return None
-        conn = queue[-1]
-        if conn.diverter is None:
+        conn = self._take_idle(identity)
+        if conn is None:
             return None
-        if self._fresh(conn, time.monotonic()):
-            # The usual: the most recent is fresh (what _take_idle does, in fewer steps: on
-            # a forwarded call's way to the metastore, from cold memory, each step counts).
-            queue.pop()
-            self._idle_count -= 1
-            if not queue:
-                del idle[identity]
-        else:
-            taken = self._take_idle(identity)
-            if taken is None:
-                return None
-            conn = taken
         self._reads_held += 1
         conn.held_by_read = True
         if conn.diverter is None:  # (one opener opens all: not so, but never assumed)
@@ -327,7 +314,7 @@ class UpstreamPool:
         while queue:
             conn = queue.pop()  # most recently used first: it is the least likely to be stale
             self._idle_count -= 1
-            if self._fresh(conn, now):
+            if conn.usable and now - conn.idle_since < self.options.upstream_idle_timeout:
                 found = conn
                 break
             self._discard(conn)
@@ -336,11 +323,6 @@ class UpstreamPool:
             # it must hold a connection (many identities, each with its own, hit this).
             del self._idle[identity]
         return found
-
-    def _fresh(self, conn: UpstreamConnection, now: float) -> bool:
-        """Whether an idle connection may be used: open on both sides, idle less than the
-        idle timeout (the metastore may close one idle longer)."""
-        return conn.usable and now - conn.idle_since < self.options.upstream_idle_timeout
 
     def _pop_oldest_idle(self) -> UpstreamConnection:
         identity, queue = next(iter(self._idle.items()))

@@ -12,7 +12,7 @@ exchanges.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 
 class Receiver(Protocol):
@@ -30,11 +30,6 @@ class DivertingProtocol(asyncio.StreamReaderProtocol):
     is told), so the connection's reader knows it ended whoever reads next."""
 
     receiver: Receiver | None = None
-    transport: asyncio.WriteTransport | None = None  # (to write a call straight to it)
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.WriteTransport, transport)
-        super().connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
         receiver = self.receiver
@@ -51,7 +46,6 @@ class DivertingProtocol(asyncio.StreamReaderProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.receiver is not None:
             self.receiver.ended()
-        self.transport = None  # (as asyncio drops its own: no cycle left for the GC)
         super().connection_lost(exc)
 
 
