@@ -16,5 +16,11 @@ setup(
             extra_compile_args=["-O2", "-Wall", "-Werror"],
             optional=False,
         ),
+        Extension(
+            "proxy.cache._names",
+            sources=["proxy/cache/_names.c"],
+            extra_compile_args=["-O2", "-Wall", "-Werror"],
+            optional=False,
+        ),
     ]
 )

@@ -71,7 +71,7 @@ fi
 extras="rig"
 $for_tests && extras="test"
 # Installed already for these inputs? (pyproject.toml, setup.py and the C sources decide.)
-inputs=$(cat pyproject.toml setup.py proxy/wire/_scanner.c proxy/cache/_assemble.c | sha256sum | cut -c1-16)
+inputs=$(cat pyproject.toml setup.py proxy/*/*.c | sha256sum | cut -c1-16)
 stamp=".venv/.installed-$extras-$inputs"
 if [ -f ".venv/.installed-test-$inputs" ]; then
   stamp=".venv/.installed-test-$inputs"  # [test] includes [rig]
