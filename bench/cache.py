@@ -3,7 +3,8 @@
     .venv/bin/python -m bench.cache [--store redis|embedded] [--seconds 10]
 
 Prints, as ratios: get_table, get_partitions_by_names of 100 (the same request repeated,
-and requests of other names assembled from partitions other requests cached) and
+and requests of other names assembled from partitions other requests cached, with names
+mostly read before and with names all new) and
 get_partitions of 10,000 (10.7 MB) served from the cache vs made directly, and vs the floor:
 a do-nothing asyncio server on the proxy's event loop that answers the same request with the
 same reply bytes (the cost of one Python round trip here); hits per second with 64
@@ -106,6 +107,8 @@ def main() -> None:
         "--event-loop", choices=["auto", "uvloop", "asyncio"], default="auto", help="the proxy's"
     )
     args = parser.parse_args()
+    if args.partitions < 3000:
+        parser.error("--partitions: at least 3000 (the assembled cases name partitions to 2,999)")
 
     hms = start_metastore(DATA)
     redis_server = RedisServer(DATA / "redis") if args.store == "redis" else None
@@ -131,8 +134,16 @@ def main() -> None:
 
         # Before the assembled case: partitions 0-999 cached by ten requests of 100; then
         # requests of 100 names starting elsewhere, each asked once: assembled from
-        # partitions the others cached.
+        # partitions the others cached (names but the few at each request's end seen in
+        # the requests before). Before the case of new names: 1000-2999 cached likewise;
+        # then requests straddling two of those, each of names the proxy has not read
+        # before (the cached requests' names were read by the planner, not by assembly).
         assembled = [by_names(4, first) for first in range(1, 900, 2)]
+        new_names = [by_names(5, first) for first in range(1050, 2950, 100)]
+        prepared = {
+            "get_partitions_by_names (100), assembled": range(0, 1000, 100),
+            "get_partitions_by_names (100), assembled, names new": range(1000, 3000, 100),
+        }
         partition_bytes: list[int] = []
         cases = [
             (
@@ -142,6 +153,7 @@ def main() -> None:
             ),
             ("get_partitions_by_names (100), repeated", [by_names(2, 0)], max(50, args.runs // 5)),
             ("get_partitions_by_names (100), assembled", assembled, len(assembled)),
+            ("get_partitions_by_names (100), assembled, names new", new_names, len(new_names)),
             (
                 f"get_partitions ({args.partitions:,})",
                 [
@@ -162,14 +174,14 @@ def main() -> None:
         rows = []
         results = {}
         for name, requests, runs in cases:
-            fill = "assembled" not in name
+            fill = name not in prepared
             if not fill:
-                # Redis's bytes per partition of the repeated request's 100 (as before this
-                # case caches 900 more).
-                if redis_server is not None:
+                # Redis's bytes per partition of the repeated request's 100 (before the
+                # assembled cases cache more).
+                if redis_server is not None and not partition_bytes:
                     with redis.Redis(port=redis_server.port) as r:
                         partition_bytes = [r.strlen(k) for k in r.scan_iter(match="*:p:*")]
-                for first in range(0, 1000, 100):
+                for first in prepared[name]:
                     cached.reply_length(by_names(9, first))
             (d, c, f), size = side_by_side([direct, cached, floor], requests, runs, fill)
             results[name] = (d, c, size)
