@@ -52,7 +52,7 @@ from proxy.cache.plan import PartitionPlan
 from proxy.memo import BoundedMemo
 from proxy.wire.binary import TType
 from proxy.wire.errors import ProtocolError
-from proxy.wire.fields import only_field, read_strings
+from proxy.wire.fields import names_list, read_strings
 
 _I32 = struct.Struct(">i")
 
@@ -189,19 +189,25 @@ class Variants:
         path = self.names_paths.get(method)
         if path is None:
             return None
+        # The names field, the only one of its id (of a field sent twice the decoders keep
+        # the last one), a list of strings (a set is skipped by the decoders): else the
+        # planned way decides.
+        if len(path) == 1:  # (get_partitions_by_names: one step, in C where it is built)
+            got = names_list(args, path[0])
+            if got is None:
+                return None
+            other, names = got
+            variant = self.memo.get((method, other, who))
+            return None if variant is None else (variant, names)
         try:
-            # The names field, the only one of its id (of a field sent twice the decoders
-            # keep the last one): else the planned way decides.
-            nested = len(path) > 1
-            found = parts.locate(args, path) if nested else only_field(args, path[0])
+            found = parts.locate(args, path)
             if found is None:
                 return None
             start, value, end = found
-            # A list of strings (a set is skipped by the decoders).
             if args[start] != TType.LIST or args[value] != TType.STRING:
                 return None
             other = args[:start] + args[end:]
-            if nested and parts.locate(other, path):
+            if parts.locate(other, path):
                 return None
             variant = self.memo.get((method, other, who))
             if variant is None:

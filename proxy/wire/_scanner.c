@@ -12,6 +12,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 #include <structmember.h>
 
 enum { TT_STOP = 0, TT_BOOL = 2, TT_BYTE = 3, TT_DOUBLE = 4, TT_I16 = 6, TT_I32 = 8, TT_I64 = 10,
@@ -354,6 +355,118 @@ static PyObject *read_strings(PyObject *module, PyObject *args) {
     return out;
 }
 
+/* ---- The list of strings one field of a request holds --------------------------------------
+ * Twin of proxy.wire.fields.py_names_list: a get_partitions_by_names request never answered
+ * before is known by its other fields and read for its names, and the Python walk of its
+ * fields, its copy and its names were a fifth of such a hit after the metastore's work had
+ * emptied the CPU's caches (docs/benchmarks.md, issue 16's fifteenth step). */
+
+/* The end of one value of type ``t`` at ``pos``, as fields.skip_value finds it (``depth``
+ * its depth there); -1 where it raises (nothing is raised here). */
+static Py_ssize_t skip_value(const unsigned char *buf, Py_ssize_t len, Py_ssize_t pos, int t,
+                             int depth) {
+    if (depth > 64) return -1;
+    Py_ssize_t end;
+    int width = fixed_size(t);
+    if (width > 0) {
+        end = pos + width;
+    } else if (t == TT_STRING) {
+        if (pos + 4 > len) return -1;
+        int32_t size = read_i32(buf + pos);
+        if (size < 0) return -1;
+        end = pos + 4 + (Py_ssize_t)size;
+    } else if (t == TT_STRUCT) {
+        /* (fields' _skip_struct: a StructScanner nested at most 65 - its depth deep) */
+        Frame stack[64];
+        Scanner scanner;
+        scanner.pos = pos;
+        scanner.limit = len;
+        scanner.max_depth = 65 - (depth + 1) < 1 ? 1 : 65 - (depth + 1);
+        scanner.depth = 1;
+        scanner.pending = -1;
+        scanner.stack = stack;
+        stack[0].kind = IN_STRUCT;
+        stack[0].remaining = 0;
+        int r = run(&scanner, buf, len);
+        if (r != 1) {
+            if (r < 0) PyErr_Clear();
+            return -1;
+        }
+        end = scanner.pos;
+    } else if (t == TT_LIST || t == TT_SET || t == TT_MAP) {
+        int map = t == TT_MAP, head = map ? 6 : 5;
+        if (pos + head > len) return -1;
+        int t1 = buf[pos], t2 = map ? buf[pos + 1] : 0;
+        int32_t count = read_i32(buf + pos + head - 4);
+        if (count < 0) return -1;
+        end = pos + head;
+        if (!map && t1 == TT_STRING) {
+            end = walk_strings(buf, end, count, len, NULL);
+            if (end < 0) {
+                PyErr_Clear();
+                return -1;
+            }
+        } else {
+            for (int32_t i = 0; i < count; i++) {
+                end = skip_value(buf, len, end, t1, depth + 1);
+                if (end >= 0 && map) end = skip_value(buf, len, end, t2, depth + 1);
+                if (end < 0) return -1;
+            }
+        }
+    } else {
+        return -1;
+    }
+    return end > len ? -1 : end;
+}
+
+static PyObject *names_list(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "names_list(buf: bytes, fid: int)");
+        return NULL;
+    }
+    long fid = PyLong_AsLong(args[1]);
+    if (fid == -1 && PyErr_Occurred()) return NULL;
+    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t len = PyBytes_GET_SIZE(args[0]);
+    /* fields.only_field: the field there exactly once, the struct whole and alone */
+    Py_ssize_t start = -1, end = -1, pos = 0;
+    while (1) {
+        if (pos >= len) Py_RETURN_NONE;
+        int t = buf[pos];
+        if (t == TT_STOP) {
+            if (pos + 1 != len) Py_RETURN_NONE;
+            break;
+        }
+        Py_ssize_t next = skip_value(buf, len, pos + 3, t, 0);
+        if (next < 0) Py_RETURN_NONE;
+        if ((int16_t)((buf[pos + 1] << 8) | buf[pos + 2]) == fid) {
+            if (start >= 0) Py_RETURN_NONE;
+            start = pos;
+            end = next;
+        }
+        pos = next;
+    }
+    /* a list of strings (a set is skipped by the decoders) */
+    if (start < 0 || buf[start] != TT_LIST || buf[start + 3] != TT_STRING) Py_RETURN_NONE;
+    PyObject *names = PyList_New(0);
+    if (names == NULL) return NULL;
+    if (walk_strings(buf, start + 8, read_i32(buf + start + 4), end, names) < 0) {
+        Py_DECREF(names);
+        return NULL;  /* (not reached: the walk above read them) */
+    }
+    PyObject *other = PyBytes_FromStringAndSize(NULL, len - (end - start));
+    if (other == NULL) {
+        Py_DECREF(names);
+        return NULL;
+    }
+    memcpy(PyBytes_AS_STRING(other), buf, (size_t)start);
+    memcpy(PyBytes_AS_STRING(other) + start, buf + end, (size_t)(len - end));
+    PyObject *result = PyTuple_Pack(2, other, names);
+    Py_DECREF(other);
+    Py_DECREF(names);
+    return result;
+}
+
 /* ---- Message headers, whole requests, a call's bytes without its seqid -------------------
  * Twins of proxy.wire.binary.parse_header, proxy.wire.framing.whole_message's test and
  * proxy.wire.framing.call_without_seqid: each request (and each reply a forwarded call
@@ -594,6 +707,9 @@ static PyMethodDef module_functions[] = {
      "skip_strings(buf, pos, count, limit) -> int: the end of count strings from pos."},
     {"read_strings", read_strings, METH_VARARGS,
      "read_strings(buf, pos, count, limit) -> list[bytes]: count strings from pos."},
+    {"names_list", (PyCFunction)(void (*)(void))names_list, METH_FASTCALL,
+     "names_list(buf, fid) -> (buf without field fid, its strings) | None: "
+     "fields.py_names_list's twin."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -133,6 +133,29 @@ def only_field(buf: bytes, fid: int) -> tuple[int, int, int] | None:
         pos = end
 
 
+def py_names_list(buf: bytes, fid: int) -> tuple[bytes, list[bytes]] | None:
+    """``buf`` without its top-level field ``fid`` and that field's strings, if ``buf`` is
+    one whole struct holding the field exactly once (see :func:`only_field`) as a list of
+    strings; ``None`` if not, bad bytes included. The reference for its C twin (in
+    ``_scanner.c``), which :func:`names_list` is where it is built."""
+    try:
+        found = only_field(buf, fid)
+        if found is None:
+            return None
+        start, value, end = found
+        if buf[start] != TType.LIST or buf[value] != TType.STRING:  # (a set: see the caller)
+            return None
+        (count,) = _I32.unpack_from(buf, value + 1)
+        return buf[:start] + buf[end:], py_read_strings(buf, value + 5, count, end)
+    except (ProtocolError, struct.error, IndexError):
+        return None
+
+
+names_list: Callable[[bytes, int], tuple[bytes, list[bytes]] | None] = py_names_list
+if read_strings is not py_read_strings:  # (built: the C twin too)
+    names_list = _scanner.names_list
+
+
 def field_spans(buf: bytes, start: int = 0, depth: int = 0) -> tuple[list[FieldSpan], int]:
     """The fields of the struct at ``start``, and the offset just past its STOP byte."""
     if depth > 64:

@@ -282,3 +282,83 @@ def test_field_walks_refuse_negative_counts_as_the_scanner_does(value: bytes) ->
         fields.field_spans(body, 0)
     with pytest.raises(ProtocolError, match="negative container size"):
         binary.StructScanner(0, 200).scan(body, len(body))
+
+
+@st.composite
+def _requests(draw: st.DrawFn) -> tuple[bytes, int]:
+    """A struct holding a list of strings among other fields (it, or another of its id, there
+    once, twice or not at all; a set instead), as it is or cut, extended or with a byte
+    changed; and the id asked for."""
+    fid = draw(st.sampled_from([3, -1, 7]))
+    body = encode(draw(structs(2)))[:-1]  # (its STOP last)
+    names = draw(st.lists(st.binary(max_size=12), max_size=5))
+    kind = draw(st.sampled_from([b"\x0f", b"\x0f", b"\x0e"]))  # list, list, set
+    field = kind + struct.pack(">hbi", fid, 11, len(names)) + _strings(names)
+    for _ in range(draw(st.integers(0, 2))):
+        at = draw(st.sampled_from([0, len(body)]))  # (first, or last: between fields)
+        body = body[:at] + field + body[at:]
+    data = bytearray(body + b"\x00")
+    how = draw(st.sampled_from(["as it is", "as it is", "cut", "extended", "changed"]))
+    if how == "cut":
+        data = data[: draw(st.integers(0, len(data)))]
+    elif how == "extended":
+        data += draw(st.binary(min_size=1, max_size=3))
+    elif how == "changed" and data:
+        data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+    return bytes(data), draw(st.sampled_from([fid, fid, 3, 1]))
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_requests())
+def test_both_names_list_walks_agree(request: tuple[bytes, int]) -> None:
+    """A request's names and its bytes without them (what an assembled hit knows it by), in
+    C and in Python: the same answer, or ``None`` from both."""
+    data, fid = request
+    assert fields.names_list(data, fid) == fields.py_names_list(data, fid)
+
+
+def test_the_names_list_walks_answer_and_refuse_alike() -> None:
+    def names(fid: int, *items: bytes, kind: bytes = b"\x0f") -> bytes:
+        return kind + struct.pack(">hbi", fid, 11, len(items)) + _strings(list(items))
+
+    db = b"\x0b\x00\x01" + _strings([b"db"])
+
+    def deep(levels: int) -> bytes:  # a field of lists in lists, a list<i32> of one inmost
+        return (
+            b"\x0f\x00\x09" + b"\x0f\x00\x00\x00\x01" * levels + b"\x08\x00\x00\x00\x01" + bytes(4)
+        )
+
+    def nest(levels: int) -> bytes:  # a struct's value: structs in structs, ``levels`` deep
+        return b"\x0c\x00\x01" * levels + b"\x00" * (levels + 1)
+
+    cases = {
+        db + names(3, b"ds=1", b"ds=2") + b"\x00": (db + b"\x00", [b"ds=1", b"ds=2"]),
+        names(3) + db + b"\x00": (db + b"\x00", []),
+        db + names(3, b"x") + names(3, b"y") + b"\x00": None,  # twice
+        db + names(3, b"x", kind=b"\x0e") + b"\x00": None,  # a set
+        db + b"\x00": None,  # none
+        db + names(3, b"x"): None,  # no end
+        db + names(3, b"x") + b"\x00\x00": None,  # more after it
+        # As deep as a value may go (its inmost items at depth 64), and deeper.
+        names(3, b"x") + deep(63) + b"\x00": (deep(63) + b"\x00", [b"x"]),
+        names(3, b"x") + deep(64) + b"\x00": None,
+        # A struct in a list is one step deeper than a field's: 62 structs in it, not 63.
+        names(3) + b"\x0f\x00\x09\x0c\x00\x00\x00\x01" + nest(62) + b"\x00": (b"", []),
+        names(3) + b"\x0f\x00\x09\x0c\x00\x00\x00\x01" + nest(63) + b"\x00": None,
+        names(3) + b"\x0c\x00\x09" + nest(63) + b"\x00": (b"", []),
+        names(3) + b"\x0c\x00\x09" + nest(64) + b"\x00": None,
+        # Negative counts, of items of a fixed size, of strings, of a map's pairs.
+        names(3) + b"\x0f\x00\x09\x08\xff\xff\xff\xff\x00": None,
+        names(3) + b"\x0f\x00\x09\x0b\xff\xff\xff\xfd\x00": None,
+        names(3) + b"\x0d\x00\x09\x08\x08\xff\xff\xff\xff\x00": None,
+        # A map's values skipped by their own type.
+        names(3) + b"\x0d\x00\x09\x03\x08\x00\x00\x00\x01\x01" + bytes(4) + b"\x00": (b"", []),
+    }
+    for data, expected in cases.items():
+        for walk in (fields.py_names_list, fields.names_list):
+            got = walk(data, 3)
+            if expected == (b"", []):  # (found, whatever the rest)
+                assert got is not None and got[1] == [], (walk, data)
+            else:
+                assert got == expected, (walk, data)
+    assert fields.names_list is not fields.py_names_list
