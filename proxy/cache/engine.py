@@ -32,7 +32,7 @@ from proxy.cache.decide import Result, Verdict, fingerprints_footprint
 from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.fences import LockFences
 from proxy.cache.l1 import L1
-from proxy.cache.partition_reads import PartitionReads
+from proxy.cache.partition_reads import AssembledHit, PartitionReads
 from proxy.cache.plan import Planner, ReadPlan, WritePlan
 from proxy.cache.reads import ReadCall, Seen, Served, WholeReads
 from proxy.cache.ready import Ready
@@ -226,16 +226,19 @@ class CacheEngine:
 
     def assembled_now(
         self, spec: MethodSpec, message: Message, identity: bytes | None, largest: int
-    ) -> bytes | None:
+    ) -> AssembledHit | None:
         """The reply (at most ``largest`` bytes, with the caller's seqid) to a
         ``get_partitions_by_names`` never planned, if every partition it names is in process
-        and judged current (see :mod:`.assembled`); ``None``: take :meth:`hit_now` (nothing
-        was counted)."""
+        and judged current (see :mod:`.assembled`), to count with :meth:`count_assembled`
+        once written; ``None``: take :meth:`hit_now`."""
         if not spec.per_partition or not self.partitions.assemble:
             return None
         return self.partitions.assembled_now(
             spec.name, message.body, self.planner.who(identity), message.header.seqid, largest
         )
+
+    def count_assembled(self, hit: AssembledHit) -> None:
+        self.partitions.count_assembled(hit)
 
     def repeated_hit(
         self, repeat: bytes, identity: bytes | None, largest: int

@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from proxy.cache import assembled
 from proxy.cache import entry as codec
@@ -34,7 +35,7 @@ from proxy.cache.decide import (
     partition_fingerprint,
 )
 from proxy.cache.dictionaries import Dictionaries
-from proxy.cache.keys import EPOCH, Naming, partition_field
+from proxy.cache.keys import EPOCH, Naming, TableRef, partition_field
 from proxy.cache.l1 import L1
 from proxy.cache.plan import PartitionPlan, ReadPlan
 from proxy.cache.reads import Pending, ReadCall, Seen, Served, WholeReads
@@ -66,6 +67,17 @@ class PartitionLookup:
     # The store's generation read before the versions (None: not trusted): what the
     # partitions judged current, or filled under these versions, are current under.
     generation: int | None = None
+
+
+class AssembledHit(NamedTuple):
+    """A reply assembled at once (:meth:`PartitionReads.assembled_now`), counted once it is
+    written (:meth:`PartitionReads.count_assembled`)."""
+
+    reply: bytes
+    method: str
+    table: TableRef
+    partitions: int  # how many it holds
+    once: str | None  # its request's entry key, to remember as assembled once (None: not)
 
 
 class PartitionReads:
@@ -153,11 +165,11 @@ class PartitionReads:
 
     def assembled_now(
         self, method: str, args: bytes, who: bytes, seqid: int, largest: int
-    ) -> bytes | None:
+    ) -> AssembledHit | None:
         """The reply to a request never planned, if it can be assembled at once from
-        partitions judged current under the generation that stands (see :mod:`.assembled`;
-        counted as :meth:`read` counts an assembled hit); ``None``: plan it (nothing was
-        counted). ``who``: the user as the planner takes it."""
+        partitions judged current under the generation that stands (see :mod:`.assembled`),
+        to count with :meth:`count_assembled`; ``None``: plan it. ``who``: the user as the
+        planner takes it."""
         l1 = self.l1
         if not self.assemble or l1 is None or self.pending.pending:
             return None
@@ -199,18 +211,23 @@ class PartitionReads:
         reply, whole = got
         if reply is None:
             return None
+        key = None
         if whole:  # (one absent: never kept whole, see _keep_whole)
             key = self.naming.entry(variant.tag, method, args, who)  # the request's, as planned
             if key in self.assembled_once or l1.holds(key):
                 return None  # asked before: the planned way keeps it whole (_keep_whole), or has
-            self.assembled_once.put(key, None, len(key))
+        return AssembledHit(reply, method, variant.table, count, key)
+
+    def count_assembled(self, hit: AssembledHit) -> None:
+        """Count ``hit`` as :meth:`read` counts an assembled hit, and remember its request as
+        assembled once: once its reply is written, so the client has it meanwhile."""
+        if hit.once is not None:
+            self.assembled_once.put(hit.once, None, len(hit.once))
         self.store.used_local_versions()
-        label = method_label(method)
-        self.metrics.cache_lookups.labels(label, Result.HIT.value).inc()
+        self.metrics.cache_lookups.labels(method_label(hit.method), Result.HIT.value).inc()
         if self.seen is not None:
-            self.seen.looked_up(variant.table, True)
-        self.metrics.cache_partitions.labels("hit").inc(count)
-        return reply
+            self.seen.looked_up(hit.table, True)
+        self.metrics.cache_partitions.labels("hit").inc(hit.partitions)
 
     def hit_now(self, plan: ReadPlan, largest: int) -> Ready | None:
         """The repeated request's whole reply, if it is a hit that needs no await (as

@@ -235,7 +235,10 @@ class CallHandler:
             log.debug("%s: no immediate answer to %s", session.peer, header.name, exc_info=True)
             return None
         if assembled is not None:
-            self._written(header.name, assembled, "ok", write, started)
+            try:
+                self._written(header.name, assembled.reply, "ok", write, started)
+            finally:  # (after the write: the client has the reply meanwhile)
+                cache.count_assembled(assembled)
             return True
         return self._answer_now(header.seqid, ready, write, started)
 

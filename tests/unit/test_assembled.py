@@ -20,6 +20,7 @@ from proxy.cache import assembled
 from proxy.cache.keys import MEMO_LONGEST, Bump, TableRef, partition_field
 from proxy.cache.store import MemoryStore
 from proxy.handler import SessionState
+from proxy.handler.session import ClientGone
 from proxy.wire.framing import Transport, whole_message
 from tests.unit.inprocess import Client, Rig, message, rig
 from tests.unit.scripted_hms import partition
@@ -136,6 +137,45 @@ def test_names_too_long_to_remember_are_assembled_all_the_same() -> None:
                 assert way == "assembled"
                 assert reply == hms_answer(r, asked)
             assert r.hms.calls["get_partitions_by_names"] == 1
+
+    asyncio.run(run())
+
+
+def test_an_assembled_hit_is_counted_once_written_and_when_the_client_is_gone() -> None:
+    # Counted after its write (so the client has the reply meanwhile): as a hit, with its
+    # partitions, and its request remembered as assembled once, whether or not the write
+    # found the client there.
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS[:6], v="1")
+            ask = Asked(r)
+            await judged(ask)
+            assert r.cache is not None
+            hits = r.sample("hmsproxy_cache_lookups_total", **_by_names("hit"))
+            partitions = r.sample("hmsproxy_cache_partitions_total", result="hit")
+            once = len(r.cache.partitions.assembled_once)
+            written: list[tuple[float, int]] = []
+
+            def write(reply: bytes) -> None:  # what was counted when the reply was written
+                counted = r.sample("hmsproxy_cache_lookups_total", **_by_names("hit"))
+                written.append((counted, len(r.cache.partitions.assembled_once)))  # type: ignore[union-attr]
+
+            def gone(reply: bytes) -> None:
+                raise ConnectionError("reset")
+
+            for seqid, days, out in ((3, ("d01", "d02"), write), (4, ("d03", "d04"), gone)):
+                found = whole_message(by_names(seqid, *days), Transport.BUFFERED, 1 << 20)
+                assert found is not None
+                try:
+                    answered = r.handler.serve_hit_now(SessionState("shared"), found, out)
+                except ClientGone:
+                    answered = out is gone
+                assert answered is True
+            assert written == [(hits, once)]
+            assert r.sample("hmsproxy_cache_lookups_total", **_by_names("hit")) == hits + 2
+            assert r.sample("hmsproxy_cache_partitions_total", result="hit") == partitions + 4
+            assert len(r.cache.partitions.assembled_once) == once + 2
+            assert r.requests("get_partitions_by_names", "client_gone") == 1
 
     asyncio.run(run())
 
