@@ -3,10 +3,10 @@
  * -> (its columns, its values as the version field's digest reads them), in one pass.
  *
  * Why C: a get_partitions_by_names request assembled from partitions other requests cached
- * brings names this proxy has not seen; each cost ~10 us of Python warm and ~15 us from cold
- * memory (decode, split, unescape, lower, escape twice to check the name is written as the
- * metastore writes it, a JSON text of the values), a third of such a hit (docs/benchmarks.md,
- * issue 16's fifteenth step).
+ * brings names this proxy has not read for assembly; in Python each cost ~10 us warm (decode,
+ * split, unescape, lower, escape twice to check the name is written as the metastore writes
+ * it, a JSON text of the values), ~3.5 us where the planner's memos held its parts: a third
+ * of a request of new names (docs/benchmarks.md, issue 16's fifteenth step). Here ~0.1 us.
  *
  * Hive's escaping (FileUtils.escapePathName) writes a control character, 0x7f and each of
  * "#%'*:=?\/{[]^ as %XX in upper-case hex and leaves everything else as it is, so a name the
