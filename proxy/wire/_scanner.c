@@ -361,6 +361,26 @@ static PyObject *read_strings(PyObject *module, PyObject *args) {
  * fields, its copy and its names were a fifth of such a hit after the metastore's work had
  * emptied the CPU's caches (docs/benchmarks.md, issue 16's fifteenth step). */
 
+/* The end of the struct at ``pos``, none of it past ``end``, scanned as a StructScanner
+ * nested at most ``max_depth`` (at most 64) deep would; -1 if it is bad or cut short
+ * (nothing is raised here). */
+static Py_ssize_t struct_end(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end,
+                             int max_depth) {
+    Frame stack[64];
+    Scanner scanner;
+    scanner.pos = pos;
+    scanner.limit = end;
+    scanner.max_depth = max_depth;
+    scanner.depth = 1;
+    scanner.pending = -1;
+    scanner.stack = stack;
+    stack[0].kind = IN_STRUCT;
+    stack[0].remaining = 0;
+    int r = run(&scanner, buf, end);
+    if (r < 0) PyErr_Clear();
+    return r == 1 ? scanner.pos : -1;
+}
+
 /* The end of one value of type ``t`` at ``pos``, as fields.skip_value finds it (``depth``
  * its depth there); -1 where it raises (nothing is raised here). */
 static Py_ssize_t skip_value(const unsigned char *buf, Py_ssize_t len, Py_ssize_t pos, int t,
@@ -377,22 +397,8 @@ static Py_ssize_t skip_value(const unsigned char *buf, Py_ssize_t len, Py_ssize_
         end = pos + 4 + (Py_ssize_t)size;
     } else if (t == TT_STRUCT) {
         /* (fields' _skip_struct: a StructScanner nested at most 65 - its depth deep) */
-        Frame stack[64];
-        Scanner scanner;
-        scanner.pos = pos;
-        scanner.limit = len;
-        scanner.max_depth = 65 - (depth + 1) < 1 ? 1 : 65 - (depth + 1);
-        scanner.depth = 1;
-        scanner.pending = -1;
-        scanner.stack = stack;
-        stack[0].kind = IN_STRUCT;
-        stack[0].remaining = 0;
-        int r = run(&scanner, buf, len);
-        if (r != 1) {
-            if (r < 0) PyErr_Clear();
-            return -1;
-        }
-        end = scanner.pos;
+        end = struct_end(buf, pos, len, 65 - (depth + 1) < 1 ? 1 : 65 - (depth + 1));
+        if (end < 0) return -1;
     } else if (t == TT_LIST || t == TT_SET || t == TT_MAP) {
         int map = t == TT_MAP, head = map ? 6 : 5;
         if (pos + head > len) return -1;
@@ -607,19 +613,7 @@ static PyObject *parse_header(PyObject *module, PyObject *const *args, Py_ssize_
 /* Whether buf[pos:end] is exactly one whole struct (scanned as a StructScanner would,
  * nested at most 64 deep); bad bytes are not one (the exception is cleared). */
 static int exactly_one_struct(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end) {
-    Frame stack[64];
-    Scanner scanner;
-    scanner.pos = pos;
-    scanner.limit = end;
-    scanner.max_depth = 64;
-    scanner.depth = 1;
-    scanner.pending = -1;
-    scanner.stack = stack;
-    stack[0].kind = IN_STRUCT;
-    stack[0].remaining = 0;
-    int r = run(&scanner, buf, end);
-    if (r < 0) PyErr_Clear();
-    return r == 1 && scanner.pos == end;
+    return struct_end(buf, pos, end, 64) == end;
 }
 
 static PyObject *whole_header(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
