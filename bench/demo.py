@@ -165,6 +165,21 @@ def timed_round(
         into.setdefault(name, []).append(conn.timed(request, lengths[request]))
 
 
+def follower_caught_up(proxy: ProxyProcess, event_id: int, timeout: float = 30.0) -> None:
+    """Wait (at most ``timeout``) until the proxy has applied the metastore's notification
+    events up to ``event_id``, if it follows the log. The demo's own writes come back
+    through the log as invalidations, later on a busy machine; a listing filled before one
+    of them lands is refused as stale (rightly: it was read under older versions), and the
+    second call would then find nothing cached."""
+    if not proxy.metric("hmsproxy_notification_enabled"):
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proxy.metric("hmsproxy_notification_last_event_id") >= event_id:
+            return
+        time.sleep(0.05)
+
+
 def listing_demo(proxy: ProxyProcess, warehouse: Path, names: list[str]) -> None:
     """Files in 20 partitions (40 files of 300 KB each), half of them sealed by a marker."""
     for name in names[:20]:
@@ -178,6 +193,8 @@ def listing_demo(proxy: ProxyProcess, warehouse: Path, names: list[str]) -> None
             part = c.get_partition_by_name(DB, TABLE, name)
             part.parameters["sealed"] = "true"
             c.alter_partition(DB, TABLE, part)
+        last_event = c.get_current_notificationEventId().eventId
+    follower_caught_up(proxy, last_event)
     api = Listings(proxy)
     where = f'ds <= "{names[19][3:]}"'
     rounds = []
