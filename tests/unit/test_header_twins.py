@@ -109,6 +109,18 @@ def test_without_seqid_twins_agree(data: bytes, framed: bool) -> None:
     assert framing.without_seqid(data, framed) == framing.py_without_seqid(data, framed)
 
 
+def test_the_twins_agree_at_the_nesting_limit() -> None:
+    # A call's arguments nested 63 structs deep are one whole message; 64 are refused, by
+    # both (the random messages above nest 2 deep).
+    for depth, whole in ((62, True), (63, True), (64, False), (65, False)):
+        data = message("x", 1, 7, b"\x0c\x00\x01" * depth + b"\x00" * (depth + 1))
+        for framed in (False, True):
+            wire = struct.pack(">i", len(data)) + data if framed else data
+            c = framing.whole_header(wire, framed, 1 << 20)
+            assert c == framing.py_whole_header(wire, framed, 1 << 20)
+            assert (c is not None) is whole, (depth, framed)
+
+
 def test_the_twins_find_a_whole_call() -> None:
     # (So that the random cases above are not all refusals.)
     data = message("get_table", 1, 7, b"\x0b\x00\x01\x00\x00\x00\x01x\x00")
