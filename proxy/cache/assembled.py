@@ -50,9 +50,8 @@ from proxy.cache.keys import MEMO_LONGEST, Naming, TableRef, columns_and_tail
 from proxy.cache.l1 import Item, current, judged
 from proxy.cache.plan import PartitionPlan
 from proxy.memo import BoundedMemo
-from proxy.wire.binary import TType
 from proxy.wire.errors import ProtocolError
-from proxy.wire.fields import names_list, read_strings
+from proxy.wire.fields import names_list, without_strings
 
 _I32 = struct.Struct(">i")
 
@@ -194,28 +193,19 @@ class Variants:
         # planned way decides.
         if len(path) == 1:  # (get_partitions_by_names: one step, in C where it is built)
             got = names_list(args, path[0])
-            if got is None:
+        else:
+            try:
+                found = parts.locate(args, path)
+                got = None if found is None else without_strings(args, found)
+                if got is not None and parts.locate(got[0], path):
+                    return None
+            except (ProtocolError, struct.error, IndexError):
                 return None
-            other, names = got
-            variant = self.memo.get((method, other, who))
-            return None if variant is None else (variant, names)
-        try:
-            found = parts.locate(args, path)
-            if found is None:
-                return None
-            start, value, end = found
-            if args[start] != TType.LIST or args[value] != TType.STRING:
-                return None
-            other = args[:start] + args[end:]
-            if parts.locate(other, path):
-                return None
-            variant = self.memo.get((method, other, who))
-            if variant is None:
-                return None
-            (count,) = _I32.unpack_from(args, value + 1)
-            return variant, read_strings(args, value + 5, count, end)
-        except (ProtocolError, struct.error, IndexError):
+        if got is None:
             return None
+        other, names = got
+        variant = self.memo.get((method, other, who))
+        return None if variant is None else (variant, names)
 
 
 def present(names: list[bytes], items: list[Item]) -> list[tuple[bytes, Payload]]:

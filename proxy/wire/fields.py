@@ -12,6 +12,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from proxy.wire import binary
 from proxy.wire.binary import FIXED_SIZE, StructScanner, TType
 from proxy.wire.errors import ProtocolError
 
@@ -133,6 +134,17 @@ def only_field(buf: bytes, fid: int) -> tuple[int, int, int] | None:
         pos = end
 
 
+def without_strings(buf: bytes, span: tuple[int, int, int]) -> tuple[bytes, list[bytes]] | None:
+    """``buf`` without the field at ``span`` (its start, value and end, as :func:`only_field`
+    gives them) and the strings it holds, if it is a list of strings (a set is skipped by
+    the decoders); ``None`` if not. Raises as :func:`read_strings` does."""
+    start, value, end = span
+    if buf[start] != TType.LIST or buf[value] != TType.STRING:
+        return None
+    (count,) = _I32.unpack_from(buf, value + 1)
+    return buf[:start] + buf[end:], read_strings(buf, value + 5, count, end)
+
+
 def py_names_list(buf: bytes, fid: int) -> tuple[bytes, list[bytes]] | None:
     """``buf`` without its top-level field ``fid`` and that field's strings, if ``buf`` is
     one whole struct holding the field exactly once (see :func:`only_field`) as a list of
@@ -140,20 +152,16 @@ def py_names_list(buf: bytes, fid: int) -> tuple[bytes, list[bytes]] | None:
     ``_scanner.c``), which :func:`names_list` is where it is built."""
     try:
         found = only_field(buf, fid)
-        if found is None:
-            return None
-        start, value, end = found
-        if buf[start] != TType.LIST or buf[value] != TType.STRING:  # (a set: see the caller)
-            return None
-        (count,) = _I32.unpack_from(buf, value + 1)
-        return buf[:start] + buf[end:], py_read_strings(buf, value + 5, count, end)
+        return None if found is None else without_strings(buf, found)
     except (ProtocolError, struct.error, IndexError):
         return None
 
 
 names_list: Callable[[bytes, int], tuple[bytes, list[bytes]] | None] = py_names_list
-if read_strings is not py_read_strings:  # (built: the C twin too)
-    names_list = _scanner.names_list
+if binary.ACCELERATED:  # (the C twin: the walk, the copy and the names in one call)
+    from proxy.wire._scanner import names_list as _c_names_list
+
+    names_list = _c_names_list
 
 
 def field_spans(buf: bytes, start: int = 0, depth: int = 0) -> tuple[list[FieldSpan], int]:
