@@ -138,12 +138,17 @@ def partition_field(values: Sequence[str]) -> str:
 
 
 def _field_of(values: tuple[str, ...]) -> str:
-    return "p:" + _digest(_values_text(values), size=12)
+    return "p:" + _field_digest(_values_text(values))
 
 
 def _values_text(values: Sequence[str]) -> str:
     """What a partition's version field is the digest of."""
     return json.dumps(list(values), ensure_ascii=False)
+
+
+def _field_digest(text: str | bytes) -> str:
+    """A partition's version field without its ``p:``, from :func:`_values_text`."""
+    return _digest(text, size=12)
 
 
 _remembered_field = functools.lru_cache(maxsize=MEMO_NAMES)(_field_of)
@@ -229,7 +234,7 @@ def _columns_and_tail(raw: bytes) -> tuple[str, str] | None:
     parts = name_parts(raw)
     if parts is None:
         return None
-    return parts[0], _digest(parts[1], size=12)  # (as _field_of makes it, but for the p:)
+    return parts[0], _field_digest(parts[1])
 
 
 def py_name_parts(raw: bytes) -> tuple[str, bytes] | None:
