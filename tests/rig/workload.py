@@ -8,7 +8,8 @@ so the reads that follow must see it. Nothing it does is left unchecked:
 * ``mismatches``: a proxy's answer differed from the HMS's (stale or wrong): never allowed;
 * ``errors``: an exception escaped, or a call took longer than ``call_timeout`` (a hang);
 * ``failed_replies``: the proxy answered with a Thrift exception, or closed the connection,
-  while the HMS answered normally;
+  while the HMS answered normally, and had answered the call before it too (the proxy is
+  asked first: a metastore coming back between the two is not yet back for the proxy);
 * ``outage_replies``: the proxy answered with an error while the HMS itself could not
   answer (allowed while a test has taken the HMS away: "prompt Thrift errors").
 """
@@ -53,6 +54,7 @@ class Workload:
         self.mismatches: list[str] = []
         self.failed_replies: list[str] = []
         self.outage_replies = 0
+        self.hms_answered_last = True  # the HMS's answer to the call before
         self.rounds = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -109,10 +111,11 @@ class Workload:
                 if proxy_ok and hms_ok:
                     if not raw.same_result(method, through, direct):
                         self.mismatches.append(f"{method} at {n}")
-                elif not proxy_ok and hms_ok:
+                elif not proxy_ok and hms_ok and self.hms_answered_last:
                     self.failed_replies.append(f"{method} at {n}")
                 elif not proxy_ok:
                     self.outage_replies += 1
+                self.hms_answered_last = hms_ok
             time.sleep(0.02)
 
     def __enter__(self) -> Workload:
