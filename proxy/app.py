@@ -90,6 +90,7 @@ class Proxy:
 
         def status_page() -> Callable[[], bytes]:
             """Taken on the event loop (a copy of what changes), rendered off it."""
+            metrics.settle()
             snapshot, facts = activity.snapshot(), status_facts(options, cache)
             return lambda: render(metrics, snapshot, facts)
 

@@ -104,6 +104,7 @@ class MetricsServer:
             return "405 Method Not Allowed", text, b"GET only\n"
         if path == "/metrics":
             encoder, content_type = choose_encoder(headers.get("accept", ""))
+            self.metrics.settle()
             body = await asyncio.to_thread(encoder, self.metrics.registry)
             extra = f"Content-Type: {content_type}\r\n"
             if "gzip" in headers.get("accept-encoding", ""):

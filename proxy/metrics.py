@@ -13,7 +13,7 @@ histograms likewise appear with a method's first call.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -500,7 +500,18 @@ class Metrics:
         self.build_info.labels(__version__, "2.3.10+4.1").set(1)
         self._memos = _Memos()
         r.register(self._memos)
+        self._settlers: list[Callable[[], None]] = []
         self._start_at_zero()
+
+    def settle_with(self, settle: Callable[[], None]) -> None:
+        """Have :meth:`settle` call ``settle``: it counts what was answered but not counted
+        yet (the calls a connection answered again, see proxy.handler.again)."""
+        self._settlers.append(settle)
+
+    def settle(self) -> None:
+        """Count everything answered before now (on the event loop, before a scrape)."""
+        for settle in self._settlers:
+            settle()
 
     def watch_memos(self, footprints: Mapping[str, Footprint]) -> None:
         """Report these memos (name: their footprint) in hmsproxy_memo_bytes/_entries."""

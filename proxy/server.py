@@ -142,6 +142,13 @@ class ThriftServer:
         self._negotiating = 0  # connections in their SASL negotiation
         self.stopping = False
         self._refusal_logged_at = float("-inf")
+        metrics.settle_with(self._settle)
+
+    def _settle(self) -> None:
+        """Count the calls answered again and not counted yet (see proxy.handler.again)."""
+        for session in self._sessions.values():
+            if session.again is not None:
+                session.again.settle()
 
     async def start(self) -> None:
         context = server_context(self.options)
@@ -209,6 +216,7 @@ class ThriftServer:
         try:
             await session.run()
         finally:
+            session.keep_again(None)
             del self._sessions[task]
             self.metrics.client_connections.dec()
 
@@ -306,7 +314,7 @@ class ThriftServer:
         if self._server is not None:
             self._server.close()
         for session in list(self._sessions.values()):
-            session.again = None
+            session.keep_again(None)
             if not session.busy:
                 session.close()
         tasks = list(self._sessions)
@@ -370,7 +378,7 @@ class _ClientProtocol(asyncio.StreamReaderProtocol):
             # (a call in flight meanwhile, say); what it does may change what this
             # connection is answered.
             session.waiting = False
-            session.again = None
+            session.keep_again(None)
         super().data_received(data)
 
 
@@ -419,6 +427,12 @@ class _Session:
         self._after_flight: asyncio.Future[None] | None = None
         self.loop = asyncio.get_running_loop()
 
+    def keep_again(self, again: Again | None) -> None:
+        """Answer calls again with ``again`` from now on; the one before counts its answers."""
+        if self.again is not None:
+            self.again.settle()
+        self.again = again
+
     @property
     def busy(self) -> bool:
         """A call is being answered (the session's own, or one in flight)."""
@@ -466,9 +480,9 @@ class _Session:
             known = repeat[0] if repeat is not None else None
             ready = handler.serve_hit_now(self.state, message, self.client.write_at_once, known)
         if isinstance(ready, Ready):
-            self.again = handler.again(ready, data, transport)
+            self.keep_again(handler.again(ready, data, transport))
             return True
-        self.again = None
+        self.keep_again(None)
         if ready is True:  # assembled from partitions, nothing to keep
             return True
         return self._forward_now(data, message)  # not a hit: only forwarded, maybe

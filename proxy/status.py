@@ -93,7 +93,7 @@ class Activity:
         key = "\x00".join((table.catalog, table.db, table.table)).encode()
         return "table#" + hmac.new(self._secret, key, hashlib.sha256).hexdigest()[:12]
 
-    def looked_up(self, table: TableRef, hit: bool) -> None:
+    def looked_up(self, table: TableRef, hit: bool, times: int = 1) -> None:
         # The table's versions are shared by every catalog (proxy.cache.keys): not its row.
         tag = table.tag if table.catalog == DEFAULT_CATALOG else f"{table.catalog}:{table.tag}"
         counts = self._tables.get(tag)
@@ -105,9 +105,9 @@ class Activity:
                 self._shown.pop(least, None)
             counts = self._tables[tag] = [floor, 0]
             self._shown[tag] = self.name(table)
-        counts[0] += 1
+        counts[0] += times
         if hit:
-            counts[1] += 1
+            counts[1] += times
 
     def busiest(self, n: int = TOP_TABLES) -> list[tuple[str, int, int]]:
         top = sorted(self._tables.items(), key=lambda item: -item[1][0])[:n]

@@ -128,6 +128,7 @@ class AdminService(pb_grpc.AdminServicer):
     ) -> pb.StatsReply:
         counts: dict[str, dict[str, float]] = {}
         partitions: dict[str, float] = {}
+        self.metrics.settle()
         for family in self.metrics.registry.collect():
             for sample in family.samples:
                 if sample.name == "hmsproxy_cache_lookups_total":

@@ -83,7 +83,7 @@ class Pending(Protocol):
 class Seen(Protocol):
     """Where looked-up tables are counted (the status page)."""
 
-    def looked_up(self, table: TableRef, hit: bool) -> None: ...
+    def looked_up(self, table: TableRef, hit: bool, times: int = 1) -> None: ...
 
 
 # What a fenced read's joiners are given when the reader whose call they shared went before

@@ -101,8 +101,8 @@ class RedisStore(RedisLink):
             return None
         return mirror.get(versions)
 
-    def used_local_versions(self) -> None:
-        self._local.inc()
+    def used_local_versions(self, times: int = 1) -> None:
+        self._local.inc(times)
 
     def generation(self) -> int | None:
         return self.standing.at(time.monotonic())

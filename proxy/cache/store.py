@@ -82,9 +82,9 @@ class Store(Protocol):
         """The versions asked for, if they can be known without a round trip that a
         look-up would make (``None``: ask :meth:`lookup`)."""
 
-    def used_local_versions(self) -> None:
-        """A look-up went by the versions :meth:`local` gave, without asking the store (for
-        the store's counts of where versions were read)."""
+    def used_local_versions(self, times: int = 1) -> None:
+        """A look-up (``times`` look-ups) went by the versions :meth:`local` gave, without
+        asking the store (for the store's counts of where versions were read)."""
 
     def generation(self) -> int | None:
         """A number that changes whenever anything :meth:`local` answers may have changed
@@ -205,7 +205,7 @@ class MemoryStore:
         """The versions part of :meth:`lookup` (everything here is in process)."""
         return self._current(versions)
 
-    def used_local_versions(self) -> None:
+    def used_local_versions(self, times: int = 1) -> None:
         pass  # every look-up here is in process: nothing to tell apart
 
     def generation(self) -> int | None:

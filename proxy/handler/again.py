@@ -17,6 +17,14 @@ do-nothing server's round trip. Measured in ``docs/benchmarks.md``.
 
 The session drops its :class:`Again` as soon as a call takes another way: that call may
 change what this connection would be answered (``set_ugi``, a pinned connection).
+
+An answer is counted later, with the others of its :class:`Again` (:meth:`Again.settle`):
+every :data:`SETTLE_EVERY` answers, when the session drops it, and before the metrics or
+the status page are read (``Metrics.settle``), so a scrape shows every call answered
+before it. Counted one by one, the six counts after each write (two counters, the
+duration histogram, the store's and the status page's counts, the LRU's order) touched
+as many objects the machine had evicted from its caches meanwhile: 1-2 us of a hit that
+is 20-35 us in all (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -37,6 +45,10 @@ from proxy.wire.framing import Transport
 # than joined: a 120 KB reply's copy cost more than the hit's other steps together, from cold
 # memory (docs/benchmarks.md); a small one's costs less than a second piece.
 JOIN_BELOW = 16 * 1024
+
+# Answers counted together (see the module's docstring). Kept under 257: CPython's small
+# ints, so counting to it allocates nothing.
+SETTLE_EVERY = 64
 
 
 def prepared(reply: Payload) -> tuple[bytes, Payload, str]:
@@ -67,7 +79,9 @@ class Again:
         "ready",
         "requests",
         "seen",
+        "spent",
         "standing",
+        "tally",
         "touch",
         "used_local",
     )
@@ -100,6 +114,9 @@ class Again:
         seen = cache.whole.seen
         self.seen = seen.looked_up if seen is not None and ready.table is not None else None
         self.touch = cache.l1.touch
+        # Answers not counted yet, and how long each took (see settle).
+        self.tally = 0
+        self.spent = [0.0] * SETTLE_EVERY
 
     def answer(self, data: bytes, transport: asyncio.WriteTransport) -> bool:
         """Answer ``data`` on ``transport`` if it is the same call, but for its seqid, and
@@ -136,12 +153,28 @@ class Again:
             self.gone.value += 1
             transport.close()
             raise ClientGone(f"client connection lost: {exc}") from exc
-        # Counted as the ordinary way counts a hit (Count.inc, in place: the hot path).
-        self.requests.value += 1
-        ready.lookups.value += 1
-        self.used_local()
-        if self.seen is not None:
-            self.seen(ready.table, ready.seen_hit)  # type: ignore[arg-type]  # (not None)
-        self.touch(ready.key)
-        self.duration.observe(time.perf_counter() - started)
+        # Counted later, with others (see the module's docstring).
+        tally = self.tally
+        self.spent[tally] = time.perf_counter() - started
+        self.tally = tally = tally + 1
+        if tally == SETTLE_EVERY:
+            self.settle()
         return True
+
+    def settle(self) -> None:
+        """Count the answers not counted yet, as the ordinary way counts each hit (Count's
+        values in place); the entry's LRU place is kept once for them all."""
+        tally = self.tally
+        if not tally:
+            return
+        self.tally = 0
+        ready = self.ready
+        self.requests.value += tally
+        ready.lookups.value += tally
+        self.used_local(tally)
+        if self.seen is not None:
+            self.seen(ready.table, ready.seen_hit, tally)  # type: ignore[arg-type]  # (not None)
+        self.touch(ready.key)
+        observe = self.duration.observe
+        for spent in self.spent[:tally]:
+            observe(spent)

@@ -93,6 +93,7 @@ class Rig:
         return client.reply()
 
     def sample(self, name: str, **labels: str) -> float:
+        self.metrics.settle()  # as a scrape does
         value = self.metrics.registry.get_sample_value(name, labels)
         return 0.0 if value is None else value
 

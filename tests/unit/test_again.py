@@ -17,11 +17,15 @@ from proxy import idl
 from proxy.cache import locks
 from proxy.cache.keys import Bump, TableRef
 from proxy.cache.ready import Ready
+from proxy.config import HostPort
 from proxy.handler import CallHandler
-from proxy.handler.again import JOIN_BELOW
+from proxy.handler.again import JOIN_BELOW, SETTLE_EVERY
+from proxy.http import MetricsServer
 from proxy.server import ThriftServer
+from proxy.status import Activity
 from tests.rig.raw import seqid_of
 from tests.unit.inprocess import Rig, rig
+from tests.unit.test_http import _get
 from tests.unit.test_server_shortcut import DB, Client, Counted, T, connect, get_table, listening
 
 
@@ -307,3 +311,67 @@ def _bytes_held(again: Any) -> int:
     values = [getattr(again, name) for name in type(again).__slots__]
     values += [ready.reply, *(ready.answer or ())]
     return sum(len(v) for v in values if isinstance(v, bytes | memoryview))
+
+
+def _counted(r: Rig) -> tuple[float, float, float]:
+    """get_table's ok replies, hits and cached durations as the registry holds them now,
+    nothing settled first (what a scrape that did not settle would show)."""
+    get = r.metrics.registry.get_sample_value
+    cached = {"method": "get_table", "source": "cache"}
+    return (
+        get("hmsproxy_requests_total", {"method": "get_table", "outcome": "ok"}) or 0,
+        get("hmsproxy_cache_lookups_total", {"method": "get_table", "result": "hit"}) or 0,
+        get("hmsproxy_request_duration_seconds_count", cached) or 0,
+    )
+
+
+def test_answers_again_are_counted_together_and_all_of_them_by_a_scrape() -> None:
+    # Each answer again is counted later, with others (proxy.handler.again): every
+    # SETTLE_EVERY answers, when the connection ends, and before the metrics port or the
+    # status page reads a count. A scrape shows every call answered before it.
+    async def run() -> None:
+        async with a_connection() as (r, counted, looked_up, client):
+            assert r.cache is not None
+            seen = r.cache.whole.seen = Activity(show_names=True)
+            metrics_port = MetricsServer(HostPort("127.0.0.1", 0), r.metrics)
+            await metrics_port.start()
+            try:
+                for seqid in range(1, 6):  # a miss, a hit looked up, 3 answered again
+                    assert await client.call(get_table(seqid)) == answer(r, seqid)
+                assert _counted(r) == (2, 1, 1)  # (the 3 not counted yet)
+                scraped = (await _get(metrics_port.ports[0], "/metrics")).decode()
+                assert 'hmsproxy_requests_total{method="get_table",outcome="ok"} 5.0' in scraped
+                assert _counted(r) == (5, 4, 4)
+                assert seen.busiest() == [(f"{DB}.{T}", 5, 4)]  # (the miss a look-up too)
+                # Counted every SETTLE_EVERY answers, scraped or not.
+                for seqid in range(6, 6 + SETTLE_EVERY + 2):
+                    assert await client.call(get_table(seqid)) == answer(r, seqid)
+                assert _counted(r) == (5 + SETTLE_EVERY, 4 + SETTLE_EVERY, 4 + SETTLE_EVERY)
+                # And when another call takes its place: the 2 left, counted.
+                r.hms.add_table(DB, "u", v="1")
+                await client.call(idl.encode_call("get_table", 99, dbname=DB, tbl_name="u"))
+                ok, hits, _ = _counted(r)
+                assert (ok, hits) == (5 + SETTLE_EVERY + 2 + 1, 4 + SETTLE_EVERY + 2)
+                assert (counted.calls, looked_up.calls) == (2, 1)
+            finally:
+                await metrics_port.stop()
+
+    asyncio.run(run())
+
+
+def test_answers_again_are_counted_when_their_connection_ends() -> None:
+    async def run() -> None:
+        async with listening() as (r, _, port):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            for seqid in range(1, 6):
+                await client.call(get_table(seqid))
+            assert _counted(r) == (2, 1, 1)
+            await client.close()
+            for _ in range(500):  # (the session ends once it reads the close)
+                if _counted(r) != (2, 1, 1):
+                    break
+                await asyncio.sleep(0.01)
+            assert _counted(r) == (5, 4, 4)
+
+    asyncio.run(run())

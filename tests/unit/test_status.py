@@ -126,3 +126,24 @@ def test_a_write_and_its_own_event_are_one_line() -> None:
     assert activity.recent[0].reason == "write (and its event)"
     activity.invalidated("notification", ["table"], [TableRef.of("db", "u")], everything=False)
     assert len(activity.recent) == 2  # another table's event: its own line
+
+
+def test_the_page_counts_every_call_answered_before_it() -> None:
+    # Calls a connection answered again are counted later (proxy.handler.again): the page
+    # is taken after Metrics.settle has counted them, as a scrape is.
+    import asyncio
+
+    from proxy.app import Proxy
+    from proxy.config import load
+
+    async def run() -> None:
+        metrics = Metrics()
+        proxy = Proxy.build(load({"upstream": "thrift://h:1"}, {}), metrics)
+        settled: list[int] = []
+        metrics.settle_with(lambda: settled.append(len(settled)))
+        assert proxy.http.status is not None
+        page = proxy.http.status()
+        assert settled == [0]
+        assert b"<html" in page()
+
+    asyncio.run(run())
