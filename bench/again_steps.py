@@ -1,0 +1,159 @@
+"""Where a call answered again spends its time, warm and after the CPU's caches were emptied.
+
+    .venv/bin/python -m bench.again_steps [--evict-mib 64] [--runs 400]
+
+In process, against the scripted metastore of the unit tests (no sockets): a get_table
+hit is answered once at once (``CallHandler.serve_hit_now``), then the same call is
+answered again (``Again.answer``, proxy/handler/again.py) to a transport that only counts
+its writes. Warm: one answer after another. Cold: before each, ``--evict-mib`` of memory
+is written, as the metastore's JVM and the engine do on the same two cores between an
+engine's calls; the request's bytes are made after that, as a socket's are fresh.
+
+Beside ``Again.answer`` as it is, the same object is timed doing less, to show what each
+part costs cold: its checks without its counts, the comparison and the write alone (the
+least a repeated call can be answered with), the comparison alone, and a function that does
+nothing (a Python call's own cost, cold). p50 us.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from proxy import idl
+from proxy.handler import SessionState
+from proxy.handler.again import Again
+from proxy.wire.framing import Transport, whole_message
+from tests.unit.inprocess import Client, message, rig
+
+
+class CountingTransport:
+    """Takes writes and counts them: the socket's part is not this bench's."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+
+    def write(self, data: Any) -> None:
+        self.writes += 1
+
+    def writelines(self, data: Any) -> None:
+        self.writes += 1
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def checked_not_counted(self: Again, data: bytes, transport: Any) -> bool:
+    """``Again.answer`` with no counts at all."""
+    if (
+        len(data) != self.length
+        or not data.startswith(self.before)
+        or not data.endswith(self.after)
+    ):
+        return False
+    ready, standing = self.ready, self.standing
+    parts = ready.answer
+    now = time.monotonic()
+    if (
+        parts is None
+        or ready.generation != standing.generation
+        or now > standing.until
+        or now >= ready.deadline
+        or self.invalidations.pending
+        or transport.get_write_buffer_size()
+        or transport.is_closing()
+    ):
+        return False
+    at = self.at
+    transport.write(self.head + data[at : at + 4] + parts[1])
+    return True
+
+
+def compared_and_written(self: Again, data: bytes, transport: Any) -> bool:
+    if (
+        len(data) != self.length
+        or not data.startswith(self.before)
+        or not data.endswith(self.after)
+    ):
+        return False
+    at = self.at
+    assert self.ready.answer is not None
+    transport.write(self.head + data[at : at + 4] + self.ready.answer[1])
+    return True
+
+
+def compared(self: Again, data: bytes, transport: Any) -> bool:
+    return not (
+        len(data) != self.length
+        or not data.startswith(self.before)
+        or not data.endswith(self.after)
+    )
+
+
+def nothing(self: Again, data: bytes, transport: Any) -> bool:
+    return True
+
+
+VARIANTS: dict[str, Callable[[Again, bytes, Any], bool]] = {
+    "Again.answer": Again.answer,
+    "checks, no counts": checked_not_counted,
+    "compared and written": compared_and_written,
+    "compared": compared,
+    "nothing (a call)": nothing,
+}
+
+
+async def run(evict_bytes: int, runs: int) -> None:
+    async with rig() as r:
+        r.hms.add_table("bench", "t", v="1")
+        session = SessionState("bench")
+        request = idl.encode_call("get_table", 1, dbname="bench", tbl_name="t")
+        for _ in range(2):  # a miss, then a hit the ordinary way (judged)
+            await r.handler.handle(session, message(request), Client())
+        whole = whole_message(request, Transport.BUFFERED, 1 << 24)
+        assert whole is not None
+        ready = r.handler.serve_hit_now(session, whole, [].append)
+        assert ready is not None and ready is not True
+        ready.deadline = float("inf")  # (cold runs are slow: nothing may expire meanwhile)
+        again = r.handler.again(ready, request, Transport.BUFFERED)
+        assert again is not None
+        transport = CountingTransport()
+        evicted = bytearray(evict_bytes)
+        print(f"\nget_table answered again ({len(ready.reply):,} reply bytes); p50 us\n")
+        print("| what | warm | cold |")
+        print("|---|---:|---:|")
+        for name, answer in VARIANTS.items():
+            p50s = []
+            for cold in (False, True):
+                times = []
+                for _ in range(runs if cold else runs * 20):
+                    if cold:
+                        evicted[:] = bytes(evict_bytes)
+                    data = bytes(bytearray(request))
+                    started = time.perf_counter()
+                    answered = answer(again, data, transport)
+                    times.append(time.perf_counter() - started)
+                    assert answered, name
+                p50s.append(statistics.median(times) * 1e6)
+            print(f"| {name} | {p50s[0]:.1f} | {p50s[1]:.1f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--evict-mib", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=400)
+    args = parser.parse_args()
+    asyncio.run(run(args.evict_mib << 20, args.runs))
+
+
+if __name__ == "__main__":
+    main()
