@@ -1,0 +1,142 @@
+"""Two builds of the proxy side by side on one metastore, against the floor.
+
+    git worktree add /tmp/wt-base <commit>   # then, in it: ln -s <this checkout>/.venv .venv
+    (cd /tmp/wt-base && .venv/bin/python setup.py build_ext --inplace -q)
+    .venv/bin/python -m bench.builds --base /tmp/wt-base [--rounds 3] [--seconds 5]
+
+``bench.cache`` measures one build at a time; between two of its runs the machine's hour
+moves the floor itself by a third or more, so two builds a few percent apart cannot be told
+apart that way. Here both builds run at once (embedded store) on one real metastore, and:
+
+* get_table hits are timed on one connection to each build and to the floor, alternated
+  call by call (``bench.cache``'s ``side_by_side``): p50 and the ratio to the floor;
+* 64 connections of get_table hits load each build and the floor in turn, for
+  ``--seconds`` each, the builds' order alternating round by round: calls per second.
+
+``--base``: a checkout of the other build, with its C extensions built (its own code is
+run, with this checkout's virtualenv if it links it). This checkout is "this".
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.cache import load, side_by_side
+from bench.common import (
+    BENCH_DB,
+    WIDE_TABLE,
+    ReplayFloor,
+    TimedConnection,
+    ensure_wide_table,
+    p50,
+    reply_bytes,
+    start_metastore,
+)
+from proxy import idl
+from tests.rig.ports import free_port
+
+HERE = Path(__file__).resolve().parent.parent
+DATA = HERE / ".rig" / "bench"
+
+
+def start_proxy(code: Path, upstream: str) -> tuple[subprocess.Popen[bytes], int]:
+    """The proxy of the checkout at ``code`` (its own modules first on the path)."""
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            *("-m", "proxy", "serve", "--upstream", upstream),
+            *("--listen", f"127.0.0.1:{port}"),
+            *("--metrics-listen", f"127.0.0.1:{free_port()}"),
+            *("--admin-listen", f"127.0.0.1:{free_port()}"),
+            *("--log-level", "warning", "--memory-cache-bytes", "1GiB"),
+            *("--ttl-table", "3600", "--ttl-partitions", "3600"),
+        ],
+        cwd=code,
+        env=dict(os.environ, PYTHONPATH=str(code)),
+    )
+    return process, port
+
+
+def wait_listening(port: int, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"a proxy exited ({process.returncode}) before listening")
+        try:
+            TimedConnection(port).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"a proxy did not listen on {port} within 60 s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--base", type=Path, required=True, help="the other build's checkout")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=2000, help="calls per round, each build")
+    parser.add_argument("--seconds", type=float, default=5.0, help="each 64-connection load")
+    args = parser.parse_args()
+    if not (args.base / "proxy" / "__init__.py").is_file():
+        parser.error(f"--base: no proxy package in {args.base}")
+    hms = start_metastore(DATA)
+    processes: list[subprocess.Popen[bytes]] = []
+    floor = None
+    try:
+        ensure_wide_table(hms, 10_000)
+        ports: dict[str, int] = {}
+        for name, code in (("base", args.base.resolve()), ("this", HERE)):
+            process, ports[name] = start_proxy(code, hms.uri)
+            processes.append(process)
+            wait_listening(ports[name], process)
+        request = idl.encode_call("get_table", 1, dbname=BENCH_DB, tbl_name=WIDE_TABLE)
+        reply = reply_bytes(TimedConnection(hms.port), request)
+        floor = ReplayFloor([(request, reply)], "uvloop", DATA / "floor")
+        ports["floor"] = floor.port
+        names = ("base", "this", "floor")
+        conns = [TimedConnection(ports[name]) for name in names]
+        print(f"\nget_table hits on one connection, alternated call by call ({args.runs} each)\n")
+        print("| round | base p50 us | this p50 us | floor p50 us |")
+        print("|---|---:|---:|---:|")
+        for n in range(args.rounds):
+            (b, t, f), size = side_by_side(conns, [request], args.runs, True)
+            print(
+                f"| {n + 1} | {p50(b) * 1e6:.1f} ({p50(b) / p50(f):.2f}x) | "
+                f"{p50(t) * 1e6:.1f} ({p50(t) / p50(f):.2f}x) | {p50(f) * 1e6:.1f} |"
+            )
+        for conn in conns:
+            conn.close()
+        print(f"\n64 connections of get_table hits, {args.seconds:g} s each, calls/s\n")
+        print("| round | base | this | floor |")
+        print("|---|---:|---:|---:|")
+        for n in range(args.rounds + 1):
+            rate = {}
+            order = names if n % 2 == 0 else ("this", "base", "floor")
+            for name in order:
+                calls, _ = asyncio.run(load(ports[name], request, size, 64, args.seconds))
+                rate[name] = calls / args.seconds
+            print(
+                f"| {n + 1} | {rate['base']:,.0f} ({rate['base'] / rate['floor']:.2f}x) | "
+                f"{rate['this']:,.0f} ({rate['this'] / rate['floor']:.2f}x) | "
+                f"{rate['floor']:,.0f} |"
+            )
+    finally:
+        if floor is not None:
+            floor.stop()
+        for process in processes:
+            process.kill()
+            process.wait()
+        hms.stop()
+
+
+if __name__ == "__main__":
+    main()
