@@ -9,8 +9,9 @@ the registry like any other collector, and what it shows is the same exposition:
 ``_total`` counters and ``_bucket``/``_count``/``_sum`` histograms with prometheus_client's
 own formatting of ``le``.
 
-A scrape taken while the loop adds to a child may see one family a call ahead of another;
-each number it reads is one the loop wrote, never a torn one (CPython's GIL).
+A scrape taken while the loop adds to a child may see one family a call ahead of another
+(or a batch of calls: see proxy.handler.again); each number it reads is one the loop
+wrote, never a torn one (CPython's GIL).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ histograms likewise appear with a method's first call.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -41,6 +42,8 @@ LATENCY_BUCKETS = (
     10.0,
     30.0,
 )
+
+log = logging.getLogger(__name__)
 
 UNKNOWN_METHOD = "unknown"
 
@@ -511,7 +514,10 @@ class Metrics:
     def settle(self) -> None:
         """Count everything answered before now (on the event loop, before a scrape)."""
         for settle in self._settlers:
-            settle()
+            try:
+                settle()
+            except Exception:  # (a bug: the scrape goes on, without those counts)
+                log.exception("counting what was answered before a scrape")
 
     def watch_memos(self, footprints: Mapping[str, Footprint]) -> None:
         """Report these memos (name: their footprint) in hmsproxy_memo_bytes/_entries."""

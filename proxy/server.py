@@ -216,9 +216,9 @@ class ThriftServer:
         try:
             await session.run()
         finally:
-            session.keep_again(None)
             del self._sessions[task]
             self.metrics.client_connections.dec()
+            session.keep_again(None)
 
     async def _authenticate(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -429,9 +429,9 @@ class _Session:
 
     def keep_again(self, again: Again | None) -> None:
         """Answer calls again with ``again`` from now on; the one before counts its answers."""
-        if self.again is not None:
-            self.again.settle()
-        self.again = again
+        before, self.again = self.again, again
+        if before is not None:
+            before.settle()
 
     @property
     def busy(self) -> bool:

@@ -19,17 +19,23 @@ The session drops its :class:`Again` as soon as a call takes another way: that c
 change what this connection would be answered (``set_ugi``, a pinned connection).
 
 An answer is counted later, with the others of its :class:`Again` (:meth:`Again.settle`):
-every :data:`SETTLE_EVERY` answers, when the session drops it, and before the metrics or
-the status page are read (``Metrics.settle``), so a scrape shows every call answered
-before it. Counted one by one, the six counts after each write (two counters, the
-duration histogram, the store's and the status page's counts, the LRU's order) touched
-as many objects the machine had evicted from its caches meanwhile: 1-2 us of a hit that
-is 20-35 us in all (docs/benchmarks.md).
+every :data:`SETTLE_EVERY` answers, when the session drops it (another call, the
+connection's end, the proxy stopping), and before the metrics, the status page or the
+admin ``Stats`` are read (``Metrics.settle``), so a scrape includes every call answered
+before it. The entry's LRU place is kept then too, so an entry answered only this way
+may be judged least recently used until the next settle (a scrape, at the latest): then
+it is looked up again. Counted one by one, the six counts after each write (two counters,
+the duration histogram, the store's and the status page's counts, the LRU's order)
+touched as many objects the machine had evicted from its caches meanwhile: ~20 us of a
+~55 us answer with all of them evicted, in process (``bench.again_steps``,
+docs/benchmarks.md). ``hmsproxy_request_duration_seconds`` of such an answer does not
+include its counting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from proxy.cache.engine import CacheEngine
@@ -40,6 +46,8 @@ from proxy.metrics import Metrics
 from proxy.upstream import result_outcome
 from proxy.wire.binary import reseq
 from proxy.wire.framing import Transport
+
+log = logging.getLogger(__name__)
 
 # Replies from this size are written as two pieces (header, and a view of the rest) rather
 # than joined: a 120 KB reply's copy cost more than the hit's other steps together, from cold
@@ -162,11 +170,18 @@ class Again:
 
     def settle(self) -> None:
         """Count the answers not counted yet, as the ordinary way counts each hit (Count's
-        values in place); the entry's LRU place is kept once for them all."""
+        values in place); the entry's LRU place is kept once for them all. Never raises:
+        it runs where a session is dropped and before a scrape, which must go on."""
         tally = self.tally
         if not tally:
             return
         self.tally = 0
+        try:
+            self._count(tally)
+        except Exception:  # (a bug: those counts are lost, nothing else)
+            log.exception("counting %d calls answered again", tally)
+
+    def _count(self, tally: int) -> None:
         ready = self.ready
         self.requests.value += tally
         ready.lookups.value += tally

@@ -139,11 +139,12 @@ def test_the_page_counts_every_call_answered_before_it() -> None:
     async def run() -> None:
         metrics = Metrics()
         proxy = Proxy.build(load({"upstream": "thrift://h:1"}, {}), metrics)
-        settled: list[int] = []
-        metrics.settle_with(lambda: settled.append(len(settled)))
+        assert proxy.cache is not None and isinstance(proxy.cache.whole.seen, Activity)
+        activity = proxy.cache.whole.seen
+        table = TableRef.of("db", "counted_when_settled")
+        metrics.settle_with(lambda: activity.looked_up(table, hit=True, times=3))
         assert proxy.http.status is not None
-        page = proxy.http.status()
-        assert settled == [0]
-        assert b"<html" in page()
+        page = proxy.http.status()()  # (taken on the loop, rendered off it)
+        assert activity.name(table).encode() in page  # settled before the page was taken
 
     asyncio.run(run())
