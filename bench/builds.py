@@ -24,7 +24,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from bench.cache import load, side_by_side
@@ -39,7 +38,7 @@ from bench.common import (
     start_metastore,
 )
 from proxy import idl
-from tests.rig.ports import free_port
+from tests.rig.ports import free_port, wait_for_port
 
 HERE = Path(__file__).resolve().parent.parent
 DATA = HERE / ".rig" / "bench"
@@ -64,19 +63,6 @@ def start_proxy(code: Path, upstream: str) -> tuple[subprocess.Popen[bytes], int
     return process, port
 
 
-def wait_listening(port: int, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"a proxy exited ({process.returncode}) before listening")
-        try:
-            TimedConnection(port).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit(f"a proxy did not listen on {port} within 60 s")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -97,7 +83,7 @@ def main() -> None:
         for name, code in (("base", args.base.resolve()), ("this", HERE)):
             process, ports[name] = start_proxy(code, hms.uri)
             processes.append(process)
-            wait_listening(ports[name], process)
+            wait_for_port(ports[name], 60, alive=lambda p=process: p.poll() is None)
         request = idl.encode_call("get_table", 1, dbname=BENCH_DB, tbl_name=WIDE_TABLE)
         reply = reply_bytes(TimedConnection(hms.port), request)
         floor = ReplayFloor([(request, reply)], "uvloop", DATA / "floor")

@@ -328,6 +328,16 @@ def _counted(r: Rig) -> tuple[float, float, float]:
     )
 
 
+async def _until(done: Callable[[], bool]) -> None:
+    """Wait (up to 5 s) for ``done``, then assert it: what a session counts after its
+    reply went out, or once its connection closed, is counted when its task next runs."""
+    for _ in range(500):
+        if done():
+            break
+        await asyncio.sleep(0.01)
+    assert done()
+
+
 def test_answers_again_are_counted_together_and_all_of_them_by_a_scrape() -> None:
     # Each answer again is counted later, with others (proxy.handler.again): every
     # SETTLE_EVERY answers, when the connection ends, and before the metrics port or the
@@ -371,23 +381,9 @@ def test_answers_again_are_counted_when_their_connection_ends() -> None:
                 await client.call(get_table(seqid))
             assert _counted(r) == (2, 1, 1)
             await client.close()
-            for _ in range(500):  # (the session ends once it reads the close)
-                if _counted(r) != (2, 1, 1):
-                    break
-                await asyncio.sleep(0.01)
-            assert _counted(r) == (5, 4, 4)
+            await _until(lambda: _counted(r) == (5, 4, 4))  # (once the session reads the close)
 
     asyncio.run(run())
-
-
-async def _until(done: Callable[[], bool]) -> None:
-    """Wait (up to 5 s) for ``done``, then assert it: a session's counts after its reply
-    went out are made when its task next runs."""
-    for _ in range(500):
-        if done():
-            break
-        await asyncio.sleep(0.01)
-    assert done()
 
 
 def test_answers_again_are_counted_when_another_hit_takes_their_place() -> None:
