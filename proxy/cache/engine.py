@@ -211,8 +211,9 @@ class CacheEngine:
         repeat: bytes | None = None,
     ) -> Ready | None:
         """The hit (its reply at most ``largest`` bytes) to serve for a cacheable read on a
-        shared connection, if it is one that needs no await (see :meth:`WholeReads.hit_now`);
-        ``None``: take :meth:`read`, which decides again (nothing was counted). ``repeat``:
+        shared connection, if it is one that needs no await (see :meth:`WholeReads.hit_now`),
+        to count with :meth:`count_now` once written; ``None``: take :meth:`read`, which
+        decides again (nothing was counted). ``repeat``:
         the call's bytes but for its seqid (``framing.call_without_seqid``); its plan is then
         remembered by them, for :meth:`repeated_hit`."""
         plan = self.plan_read(spec, message, identity)
@@ -239,6 +240,10 @@ class CacheEngine:
 
     def count_assembled(self, hit: AssembledHit) -> None:
         self.partitions.count_assembled(hit)
+
+    def count_now(self, ready: Ready) -> None:
+        """Count a hit :meth:`hit_now` or :meth:`repeated_hit` gave, once written."""
+        self.whole.count_now(ready)
 
     def repeated_hit(
         self, repeat: bytes, identity: bytes | None, largest: int

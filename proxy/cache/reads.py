@@ -226,17 +226,18 @@ class WholeReads:
         """The hit to serve, if the call is one that needs no await: its entry and its
         versions are in process (the decoded front, and the embedded store's versions or
         the copy Redis keeps coherent), and no invalidation is pending. ``None``: take
-        :meth:`read` (nothing was counted), as for replies over ``largest`` bytes (the
-        ordinary way writes those in slices). Iceberg entries always read Redis."""
+        :meth:`read`, as for replies over ``largest`` bytes (the ordinary way writes those
+        in slices). Iceberg entries always read Redis. Nothing is counted until
+        :meth:`count_now`."""
         return self.judged_now(plan, largest, plan.table, negative_seen_as_hit=True)
 
     def judged_now(
         self, plan: ReadPlan, largest: int, table: TableRef | None, *, negative_seen_as_hit: bool
     ) -> Ready | None:
-        """The hit :meth:`hit_now` serves (counted as a look-up, and on the status page as a
-        look-up of ``table``: a hit, or a negative one if ``negative_seen_as_hit``), for
-        ``plan``'s entry in the decoded front; ``None``: not one to serve at once (nothing
-        counted)."""
+        """The hit :meth:`hit_now` serves, for ``plan``'s entry in the decoded front, to
+        count with :meth:`count_now` once written (as a look-up, and on the status page as
+        a look-up of ``table``: a hit, or a negative one if ``negative_seen_as_hit``);
+        ``None``: not one to serve at once."""
         l1 = self.l1
         item = l1.item(plan.key) if l1 is not None else None
         if l1 is None or item is None or item.entry.iceberg or self.pending.pending:
@@ -270,11 +271,15 @@ class WholeReads:
             return None
         if len(ready.reply) > largest:
             return None
+        return ready
+
+    def count_now(self, ready: Ready) -> None:
+        """Count a hit :meth:`judged_now` gave, as a look-up and on the status page: once
+        its reply is written (the client has it meanwhile)."""
         self.store.used_local_versions()
         ready.lookups.inc()
         if ready.table is not None and self.seen is not None:
             self.seen.looked_up(ready.table, ready.seen_hit)
-        return ready
 
     async def lookup(self, plan: ReadPlan) -> Verdict:
         if self.pending.pending and not await self.pending.settled():

@@ -240,7 +240,7 @@ class CallHandler:
             finally:  # (after the write: the client has the reply meanwhile)
                 cache.count_assembled(assembled)
             return True
-        return self._answer_now(header.seqid, ready, write, started)
+        return self._answer_now(cache, header.seqid, ready, write, started)
 
     def serve_repeat_now(
         self, session: SessionState, repeat: bytes, seqid: int, write: Callable[[bytes], None]
@@ -260,7 +260,7 @@ class CallHandler:
             return None
         if not known:
             return False
-        return self._answer_now(seqid, ready, write, started)
+        return self._answer_now(cache, seqid, ready, write, started)
 
     def again(self, ready: Ready, request: bytes, transport: Transport) -> Again | None:
         """What answers ``request`` again on its connection (its bytes but for the seqid the
@@ -272,7 +272,12 @@ class CallHandler:
         return Again(request, at, transport, ready, self.cache, self.metrics)
 
     def _answer_now(
-        self, seqid: int, ready: Ready | None, write: Callable[[bytes], None], started: float
+        self,
+        cache: CacheEngine,
+        seqid: int,
+        ready: Ready | None,
+        write: Callable[[bytes], None],
+        started: float,
     ) -> Ready | None:
         if ready is None:
             return None
@@ -283,7 +288,10 @@ class CallHandler:
                 log.debug("no immediate answer to %s", ready.method, exc_info=True)
                 return None
         head, rest, outcome = ready.answer
-        self._written(ready.method, head + _I32.pack(seqid) + rest, outcome, write, started)
+        try:
+            self._written(ready.method, head + _I32.pack(seqid) + rest, outcome, write, started)
+        finally:  # (after the write: the client has the reply meanwhile)
+            cache.count_now(ready)
         return ready
 
     def _written(

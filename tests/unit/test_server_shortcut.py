@@ -19,8 +19,10 @@ from proxy.cache import locks
 from proxy.cache.keys import Bump, TableRef, partition_field
 from proxy.cache.ready import Ready
 from proxy.cache.store import MemoryStore
-from proxy.handler import SessionState
+from proxy.handler import SessionState, dispatch
+from proxy.handler.session import ClientGone
 from proxy.server import ThriftServer
+from proxy.status import Activity
 from proxy.wire.binary import reseq
 from proxy.wire.framing import Transport, call_without_seqid, whole_message
 from tests.rig.raw import seqid_of
@@ -330,6 +332,73 @@ def test_a_repeated_call_is_known_by_its_bytes_and_per_user_caches_keep_users_ap
             assert call_without_seqid(framed + b"\x00", Transport.FRAMED) is None
             big = idl.encode_call("get_table", 3, dbname=DB, tbl_name="x" * 5000)
             assert call_without_seqid(big, Transport.BUFFERED) is None
+
+    asyncio.run(run())
+
+
+def test_a_hit_answered_at_once_is_counted_once_its_reply_is_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its look-up, the status page's count and its reply are counted after the write (the
+    client has the reply meanwhile), once, whichever way it was known; a client gone at the
+    write still made its look-up; a hit not answered at once is not counted here, as the
+    ordinary way that answers it counts it."""
+
+    async def run() -> None:
+        async with rig() as r:
+            assert r.cache is not None
+            seen = r.cache.whole.seen = Activity(show_names=True)
+            r.hms.add_table(DB, T, v="1")
+            session = SessionState("shared")
+            await r.call(session, "get_table", 1, dbname=DB, tbl_name=T)  # the miss
+
+            def counts() -> tuple[float, float, int]:
+                return (
+                    r.sample("hmsproxy_cache_lookups_total", method="get_table", result="hit"),
+                    r.requests("get_table", "ok"),
+                    seen.busiest()[0][1],
+                )
+
+            at_write: list[tuple[float, float, int]] = []
+
+            def write(reply: bytes) -> None:
+                at_write.append(counts())
+
+            before = counts()
+            message = whole_message(get_table(2), Transport.BUFFERED, 1 << 20)
+            repeat = call_without_seqid(get_table(2), Transport.BUFFERED)
+            assert message is not None and repeat is not None
+            assert isinstance(r.handler.serve_hit_now(session, message, write, repeat[0]), Ready)
+            assert at_write == [before]
+            assert counts() == (before[0] + 1, before[1] + 1, before[2] + 1)
+            # Known by its bytes the next time: the same.
+            again = call_without_seqid(get_table(3), Transport.BUFFERED)
+            assert again is not None
+            before = counts()
+            assert isinstance(r.handler.serve_repeat_now(session, *again, write), Ready)
+            assert at_write[1] == before
+            assert counts() == (before[0] + 1, before[1] + 1, before[2] + 1)
+
+            def gone(reply: bytes) -> None:
+                raise ConnectionResetError("the client went away")
+
+            before = counts()
+            with pytest.raises(ClientGone):
+                r.handler.serve_repeat_now(session, *again, gone)
+            assert counts() == (before[0] + 1, before[1], before[2] + 1)
+            assert r.requests("get_table", "client_gone") == 1
+
+            # An answer that cannot be prepared: not answered at once, nothing counted.
+            def broken(reply: object) -> None:
+                raise ValueError("not a reply to prepare")
+
+            r.cache.l1.clear()  # (its prepared answer goes with its copy)
+            await r.call(session, "get_table", 4, dbname=DB, tbl_name=T)  # copied again
+            monkeypatch.setattr(dispatch.again, "prepared", broken)
+            before = counts()
+            assert r.handler.serve_repeat_now(session, *again, write) is None
+            assert counts() == before
+            assert len(at_write) == 2
 
     asyncio.run(run())
 
