@@ -209,6 +209,7 @@ class ThriftServer:
         protocol = writer.transport.get_protocol()
         if authenticated is None and isinstance(protocol, _ClientProtocol):
             protocol.session = session  # (a SASL session's bytes are wrapped: no shortcut)
+            session.shortcut = writer.transport
         task = asyncio.current_task()
         assert task is not None
         self._sessions[task] = session
@@ -417,6 +418,9 @@ class _Session:
         # Set while the session waits for a request with nothing buffered: then its
         # protocol may answer a hit as it arrives (see _ClientProtocol and answer_now).
         self.waiting = False
+        # Its protocol's transport, if the protocol answers hits as they arrive: then so
+        # does the task, for what arrived before it waited (see _answered_by_task).
+        self.shortcut: asyncio.WriteTransport | None = None
         self.answered_at = 0.0  # when a request was last answered that way (idle clock)
         self.again: Again | None = None  # the call answered last that way (see answer_now)
         # A call only forwarded, sent as it arrived, whose reply has not gone out yet; and
@@ -585,6 +589,8 @@ class _Session:
                     self._message_deadline = self.loop.time() + self.options.client_message_timeout
                 if data is None:
                     return
+                if self.shortcut is not None and self._answered_by_task(data):
+                    continue
                 self.requests.feed(data)
                 continue
             if message.header.type not in (MessageType.CALL, MessageType.ONEWAY):
@@ -602,6 +608,19 @@ class _Session:
             self.state.calls += 1
             if self.server.stopping:
                 return
+
+    def _answered_by_task(self, data: bytes) -> bool:
+        """Answer ``data`` at once, as the protocol answers what arrives while the task
+        waits (:meth:`answer_now`), if it came before the task waited: a connection's first
+        request, sent with the connection (Trino opens one per call), is read here, not
+        seen by the protocol. ``False``: nothing was done with it."""
+        if self.requests.buffered or self.flight is not None:
+            return False  # (part of a request, or bytes after a call in flight: in order)
+        try:
+            return self.answer_now(data, self.shortcut)
+        except Exception:  # after its reply was written (see serve_hit_now): a bug
+            log.exception("%s: internal error after answering at once", self.state.peer)
+            return True
 
     async def _read(self) -> bytes | None:
         """Next bytes from the client; ``None`` when the session should end.

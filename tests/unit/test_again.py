@@ -18,7 +18,6 @@ from proxy.cache import locks
 from proxy.cache.keys import Bump, TableRef
 from proxy.cache.ready import Ready
 from proxy.config import HostPort
-from proxy.handler import CallHandler
 from proxy.handler.again import JOIN_BELOW, SETTLE_EVERY
 from proxy.http import MetricsServer
 from proxy.server import ThriftServer
@@ -26,23 +25,17 @@ from proxy.status import Activity
 from tests.rig.raw import seqid_of
 from tests.unit.inprocess import Rig, rig
 from tests.unit.test_http import _get
-from tests.unit.test_server_shortcut import DB, Client, Counted, T, connect, get_table, listening
-
-
-class LookedUp:
-    """Counts the hits answered at once the looked-up way (not by the connection's Again)."""
-
-    def __init__(self, handler: CallHandler) -> None:
-        self.calls = 0
-        for name in ("serve_hit_now", "serve_repeat_now"):
-            original = getattr(handler, name)
-
-            def counted(*args: Any, _original: Callable[..., Any] = original) -> Any:
-                answered = _original(*args)
-                self.calls += isinstance(answered, Ready)
-                return answered
-
-            setattr(handler, name, counted)
+from tests.unit.test_server_shortcut import (
+    DB,
+    Client,
+    Counted,
+    LookedUp,
+    T,
+    connect,
+    get_table,
+    listening,
+)
+from tests.unit.test_server_shortcut import answer_of as answer
 
 
 @contextlib.asynccontextmanager
@@ -56,10 +49,6 @@ async def a_connection(
             yield r, counted, LookedUp(r.handler), client
         finally:
             await client.close()
-
-
-def answer(r: Rig, seqid: int) -> bytes:
-    return r.hms.answer("get_table", seqid, dbname=DB, tbl_name=T)
 
 
 def the_ready(r: Rig) -> Ready:

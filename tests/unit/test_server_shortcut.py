@@ -9,17 +9,18 @@ import asyncio
 import contextlib
 import struct
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
 from proxy import catalog, idl
+from proxy import server as server_module
 from proxy.cache import locks
 from proxy.cache.keys import Bump, TableRef, partition_field
 from proxy.cache.ready import Ready
 from proxy.cache.store import MemoryStore
-from proxy.handler import SessionState, dispatch
+from proxy.handler import CallHandler, SessionState, dispatch
 from proxy.handler.session import ClientGone
 from proxy.server import ThriftServer
 from proxy.status import Activity
@@ -84,6 +85,22 @@ class Client:
         return await self.reply()
 
 
+class LookedUp:
+    """Counts the hits answered at once the looked-up way (not by the connection's Again)."""
+
+    def __init__(self, handler: CallHandler) -> None:
+        self.calls = 0
+        for name in ("serve_hit_now", "serve_repeat_now"):
+            original = getattr(handler, name)
+
+            def counted(*args: Any, _original: Callable[..., Any] = original) -> Any:
+                answered = _original(*args)
+                self.calls += isinstance(answered, Ready)
+                return answered
+
+            setattr(handler, name, counted)
+
+
 @contextlib.asynccontextmanager
 async def listening(**values: Any) -> AsyncIterator[tuple[Rig, Counted, int]]:
     async with rig(listen="127.0.0.1:0", **values) as r:
@@ -103,6 +120,11 @@ async def connect(r: Rig, port: int) -> Client:
 
 def get_table(seqid: int) -> bytes:
     return idl.encode_call("get_table", seqid, dbname=DB, tbl_name=T)
+
+
+def answer_of(r: Rig, seqid: int) -> bytes:
+    """The metastore's own reply to :func:`get_table`."""
+    return r.hms.answer("get_table", seqid, dbname=DB, tbl_name=T)
 
 
 @pytest.mark.parametrize("transport", ["buffered", "framed"])
@@ -224,7 +246,85 @@ def test_a_hit_arriving_while_an_earlier_call_is_answered_waits_its_turn() -> No
             assert client.buffer == b"" and not client.reader._buffer  # nothing answered yet
             slow.gate.set()
             assert [seqid_of(await client.reply()) for _ in range(2)] == [2, 3]
-            assert counted.calls == 3  # both the ordinary way
+            # The miss the ordinary way; the hit, its turn come, at once by the session's
+            # task (see the next test).
+            assert counted.calls == 2
+            await client.close()
+
+    asyncio.run(run())
+
+
+def _late_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each session's task starts 50 ms late: what a client sends with its connection is
+    then read by the task, not seen by the protocol (uvloop starts the task a loop turn
+    after the connection's first bytes are read, so this is every connection's first
+    request there: Trino's every call)."""
+    run = server_module._Session.run
+
+    async def late(self: Any) -> None:
+        await asyncio.sleep(0.05)
+        await run(self)
+
+    monkeypatch.setattr(server_module._Session, "run", late)
+
+
+def test_a_request_sent_with_its_connection_is_answered_at_once_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def run() -> None:
+        async with listening() as (r, counted, port):
+            r.hms.add_table(DB, T, v="1")
+            first = await connect(r, port)
+            await first.call(get_table(1))  # cached
+            await first.close()
+            _late_task(monkeypatch)
+            looked_up = LookedUp(r.handler)
+            for seqid in (2, 3):  # Trino's way: one call per connection
+                client = await connect(r, port)
+                reply = await client.call(get_table(seqid))
+                assert reply == r.hms.answer("get_table", seqid, dbname=DB, tbl_name=T)
+                await client.close()
+            assert (counted.calls, looked_up.calls) == (1, 2)
+            # Then asked again on its connection: answered again, as ever.
+            client = await connect(r, port)
+            await client.call(get_table(4))
+            assert await client.call(get_table(5)) == answer_of(r, 5)
+            assert (counted.calls, looked_up.calls) == (1, 3)
+            await client.close()
+            # Two requests sent together with the connection, or part of one: the ordinary
+            # way, in order.
+            client = await connect(r, port)
+            await client.send(get_table(6) + get_table(7))
+            assert [seqid_of(await client.reply()) for _ in range(2)] == [6, 7]
+            assert counted.calls == 3
+            await client.close()
+            client = await connect(r, port)
+            request = get_table(8)
+            await client.send(request[:10])
+            await asyncio.sleep(0.1)  # (the task reads the part alone)
+            await client.send(request[10:])
+            assert await client.reply() == answer_of(r, 8)
+            assert counted.calls == 4 and looked_up.calls == 3
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_call_only_forwarded_sent_with_its_connection_goes_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def run() -> None:
+        async with listening(cache=False) as (r, counted, port):
+            r.hms.add_table(DB, T, v="1")
+            warm = await connect(r, port)
+            await warm.call(get_table(1))  # (a pooled metastore connection stands idle)
+            await warm.close()
+            _late_task(monkeypatch)
+            client = await connect(r, port)
+            assert await client.call(get_table(2)) == answer_of(r, 2)
+            assert await client.call(get_table(3)) == answer_of(r, 3)
+            assert counted.calls == 1  # (the first connection's only)
+            assert r.requests("get_table", "ok") == 3
             await client.close()
 
     asyncio.run(run())
