@@ -370,11 +370,12 @@ class _ClientProtocol(asyncio.StreamReaderProtocol):
                 except ClientGone as exc:
                     log.debug("%s: connection ended: %s", session.state.peer, exc)
                     return  # (closed: the session's read then ends it)
-                except Exception:  # after its reply was written (see serve_hit_now): a bug
-                    log.exception("%s: internal error after answering at once", session.state.peer)
-                    answered = True
+                except Exception:
+                    session.broke()
+                    return
                 if answered:
                     return
+                session.declined = True  # (its task need not try these bytes again)
             # The session's read gets these bytes: nothing is answered here before they are
             # (a call in flight meanwhile, say); what it does may change what this
             # connection is answered.
@@ -419,8 +420,9 @@ class _Session:
         # protocol may answer a hit as it arrives (see _ClientProtocol and answer_now).
         self.waiting = False
         # Its protocol's transport, if the protocol answers hits as they arrive: then so
-        # does the task, for what arrived before it waited (see _answered_by_task).
+        # does the task, for what it reads that the protocol did not try (_answered_by_task).
         self.shortcut: asyncio.WriteTransport | None = None
+        self.declined = False  # the protocol tried the bytes its task reads next, in vain
         self.answered_at = 0.0  # when a request was last answered that way (idle clock)
         self.again: Again | None = None  # the call answered last that way (see answer_now)
         # A call only forwarded, sent as it arrived, whose reply has not gone out yet; and
@@ -610,17 +612,30 @@ class _Session:
                 return
 
     def _answered_by_task(self, data: bytes) -> bool:
-        """Answer ``data`` at once, as the protocol answers what arrives while the task
-        waits (:meth:`answer_now`), if it came before the task waited: a connection's first
-        request, sent with the connection (Trino opens one per call), is read here, not
-        seen by the protocol. ``False``: nothing was done with it."""
+        """Answer ``data`` at once as the protocol answers what arrives while the task waits
+        (:meth:`answer_now`), if the protocol did not try it: bytes the task reads with
+        everything before them answered, such as a request sent with its connection (Trino
+        opens one per call; under uvloop it is read before the task first waits) or one
+        that came while an earlier call was answered. ``False``: nothing was done with it."""
+        if self.declined:  # (tried by the protocol, and not a call to answer that way)
+            self.declined = False
+            return False
         if self.requests.buffered or self.flight is not None:
-            return False  # (part of a request, or bytes after a call in flight: in order)
+            return False  # (the rest of a request; a flight has landed before any read ends)
         try:
             return self.answer_now(data, self.shortcut)
-        except Exception:  # after its reply was written (see serve_hit_now): a bug
-            log.exception("%s: internal error after answering at once", self.state.peer)
+        except Exception:
+            self.broke()
             return True
+
+    def broke(self) -> None:
+        """A bug in answering at once, before or after a reply was written: the connection
+        is closed (its client fails fast and retries, as on any lost connection) rather
+        than left waiting for a reply that may never come."""
+        log.exception(
+            "%s: internal error answering at once: closing the connection", self.state.peer
+        )
+        self.writer.close()
 
     async def _read(self) -> bytes | None:
         """Next bytes from the client; ``None`` when the session should end.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import struct
 import time
 from collections.abc import AsyncIterator, Callable
@@ -501,6 +502,97 @@ def test_a_hit_answered_at_once_is_counted_once_its_reply_is_written(
             assert len(at_write) == 2
 
     asyncio.run(run())
+
+
+def test_bytes_the_protocol_tried_are_not_tried_again_by_the_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tried = 0
+    answer_now = server_module._Session.answer_now
+
+    def counting(self: Any, data: bytes, transport: Any) -> bool:
+        nonlocal tried
+        tried += 1
+        return answer_now(self, data, transport)
+
+    monkeypatch.setattr(server_module._Session, "answer_now", counting)
+
+    async def run() -> None:
+        nonlocal tried
+        async with listening() as (r, _, port):
+            r.hms.add_table(DB, T, v="1")
+            r.hms.add_table(DB, "u", v="1")
+            client = await connect(r, port)
+            await client.call(get_table(1))  # (a connection's first: its task may try it)
+            tried = 0
+            for seqid, name in enumerate(["u", "v", "w"], start=2):  # misses
+                request = idl.encode_call("get_table", seqid, dbname=DB, tbl_name=name)
+                assert seqid_of(await client.call(request)) == seqid
+            assert tried == 3  # each once, by the protocol
+            await client.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["protocol", "task"])
+def test_a_bug_answering_at_once_closes_the_connection_and_says_so(
+    late: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before anything was written, as here: the client is not left waiting for a reply."""
+
+    async def run() -> None:
+        async with listening() as (r, _, port):
+            r.hms.add_table(DB, T, v="1")
+            first = await connect(r, port)
+            await first.call(get_table(1))  # cached
+            await first.close()
+            if late:
+                _late_task(monkeypatch)
+
+            def bug(*args: Any) -> None:
+                raise KeyError("a bug")
+
+            monkeypatch.setattr(r.handler, "serve_repeat_now", bug)
+            client = await connect(r, port)
+            await asyncio.sleep(0.1)  # (waiting for its request, unless late)
+            await client.send(get_table(2))
+            assert await asyncio.wait_for(client.reader.read(), 5) == b""  # closed, no reply
+            assert "internal error answering at once: closing the connection" in caplog.text
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_under_uvloop_a_connection_per_call_is_answered_at_once() -> None:
+    """The real ordering: a client in a thread connects, sends at once, reads, closes."""
+    uvloop = pytest.importorskip("uvloop")
+
+    def trino(port: int, calls: int) -> list[bytes]:
+        replies = []
+        for seqid in range(2, 2 + calls):
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                sock.sendall(get_table(seqid))
+                reply = b""
+                while message_length(reply) is None:
+                    data = sock.recv(1 << 16)
+                    assert data
+                    reply += data
+                replies.append(reply)
+        return replies
+
+    async def run() -> None:
+        async with listening() as (r, counted, port):
+            r.hms.add_table(DB, T, v="1")
+            first = await connect(r, port)
+            await first.call(get_table(1))  # cached
+            await first.close()
+            looked_up = LookedUp(r.handler)
+            replies = await asyncio.to_thread(trino, port, 30)
+            assert replies == [answer_of(r, seqid) for seqid in range(2, 32)]
+            assert (counted.calls, looked_up.calls) == (1, 30)
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(run())
 
 
 def by_names(seqid: int, *values: str) -> bytes:
