@@ -10,6 +10,9 @@ apart that way. Here both builds run at once (embedded store) on one real metast
 
 * get_table hits are timed on one connection to each build and to the floor, alternated
   call by call (``bench.cache``'s ``side_by_side``): p50 and the ratio to the floor;
+* get_table hits on a connection per call (Trino's way: connect, call, last byte, close),
+  alternated likewise: p50, the ratio to the floor, and each process's CPU time per call
+  (from ``/proc``, 10 ms ticks: a few us either way over the round's calls);
 * 64 connections of get_table hits load each build and the floor in turn, for
   ``--seconds`` each, the builds' order alternating round by round: calls per second.
 
@@ -30,6 +33,7 @@ from bench.cache import load, side_by_side
 from bench.common import (
     BENCH_DB,
     WIDE_TABLE,
+    ConnectionPerCall,
     ReplayFloor,
     TimedConnection,
     ensure_wide_table,
@@ -61,6 +65,13 @@ def start_proxy(code: Path, upstream: str) -> tuple[subprocess.Popen[bytes], int
         env=dict(os.environ, PYTHONPATH=str(code)),
     )
     return process, port
+
+
+def cpu_seconds(pid: int) -> float:
+    """The process's CPU time so far, user and system (``/proc/<pid>/stat``)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -101,6 +112,24 @@ def main() -> None:
             )
         for conn in conns:
             conn.close()
+        pids = {"base": processes[0].pid, "this": processes[1].pid, "floor": floor.process.pid}
+        each = [ConnectionPerCall(ports[name]) for name in names]
+        calls = max(500, args.runs // 2)
+        print(f"\nget_table hits on a connection per call, alternated ({calls} each)\n")
+        head = "| round | base p50 us | this p50 us | floor p50 us | CPU per call: base |"
+        print(head + " this | floor |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for n in range(args.rounds):
+            before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            (b, t, f), _ = side_by_side(each, [request], calls, False)
+            cpu = {
+                name: (cpu_seconds(pid) - before[name]) / calls * 1e6 for name, pid in pids.items()
+            }
+            print(
+                f"| {n + 1} | {p50(b) * 1e6:.1f} ({p50(b) / p50(f):.2f}x) | "
+                f"{p50(t) * 1e6:.1f} ({p50(t) / p50(f):.2f}x) | {p50(f) * 1e6:.1f} | "
+                f"{cpu['base']:.0f} us | {cpu['this']:.0f} us | {cpu['floor']:.0f} us |"
+            )
         print(f"\n64 connections of get_table hits, {args.seconds:g} s each, calls/s\n")
         print("| round | base | this | floor |")
         print("|---|---:|---:|---:|")

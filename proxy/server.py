@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import socket
 from typing import cast
 
 from proxy.cache.ready import Ready
@@ -179,11 +178,8 @@ class ThriftServer:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         """One client connection, from its streams, until it ends: what the listener runs
-        for each connection it accepts (tests run it on streams of their own)."""
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for each connection it accepts (tests run it on streams of their own). Its socket
+        has TCP_NODELAY already: asyncio's and uvloop's TCP transports set it."""
         if self.stopping:
             writer.close()
             return

@@ -595,6 +595,32 @@ def test_under_uvloop_a_connection_per_call_is_answered_at_once() -> None:
         runner.run(run())
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_accepted_connections_have_no_nagle_delay(loop: str) -> None:
+    """The event loop's TCP transport sets TCP_NODELAY (the proxy no longer sets it again):
+    a small reply is never held back waiting for an acknowledgement."""
+    factory = asyncio.new_event_loop
+    if loop == "uvloop":
+        factory = pytest.importorskip("uvloop").new_event_loop
+
+    async def run() -> None:
+        async with rig(listen="127.0.0.1:0") as r:
+            server = ThriftServer(r.options, r.handler, r.metrics)
+            await server.start()
+            try:
+                client = await connect(r, server.ports[0])
+                await until(lambda: len(server._sessions) == 1, "the session")
+                (session,) = server._sessions.values()
+                sock = session.writer.get_extra_info("socket")
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                await client.close()
+            finally:
+                await server.stop(0)
+
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(run())
+
+
 def by_names(seqid: int, *values: str) -> bytes:
     names = [f"ds={v}" for v in values]
     return idl.encode_call("get_partitions_by_names", seqid, db_name=DB, tbl_name=T, names=names)
