@@ -9,7 +9,9 @@ do-nothing asyncio relay in front of the same HMS (what one more Python hop cost
 proxy does anything). The four take turns on long-lived connections, through every order of
 them, so all see the same machine noise; latency
 is timed on raw bytes, from the request sent to the last reply byte received (no client
-decoding).
+decoding). And ``get_table`` on a connection per call, as Trino makes its calls, timed from
+the connect: the proxy's calls go out on its pooled metastore connections, the relay's and
+the direct ones each on a new metastore connection.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from bench.common import (
     BENCH_DB,
     WIDE_TABLE,
+    ConnectionPerCall,
     RelayFloor,
     TimedConnection,
     ensure_wide_table,
@@ -36,7 +39,7 @@ DATA = Path(__file__).resolve().parents[1] / ".rig" / "bench"
 
 
 def measure(
-    conns: list[TimedConnection], request: bytes, runs: int
+    conns: list[TimedConnection] | list[ConnectionPerCall], request: bytes, runs: int
 ) -> tuple[list[list[float]], int]:
     """Each connection's timings of ``request``, taking turns through every order of them
     (what ran just before a call matters on this machine: see bench.cache)."""
@@ -99,6 +102,13 @@ def main() -> None:
         rows = []
         get_table = idl.encode_call("get_table", 1, dbname=BENCH_DB, tbl_name=WIDE_TABLE)
         rows.append(report("get_table", *measure(conns, get_table, args.runs)))
+        each = [ConnectionPerCall(port) for port in ports]
+        rows.append(
+            report(
+                "get_table, a connection per call",
+                *measure(each, get_table, max(50, args.runs // 10)),
+            )
+        )
         names = [f"ds=p{i:06d}" for i in range(100)]
         by_names = idl.encode_call(
             "get_partitions_by_names", 2, db_name=BENCH_DB, tbl_name=WIDE_TABLE, names=names
