@@ -12,7 +12,7 @@ apart that way. Here both builds run at once (embedded store) on one real metast
   call by call (``bench.cache``'s ``side_by_side``): p50 and the ratio to the floor;
 * get_table hits on a connection per call (Trino's way: connect, call, last byte, close),
   alternated likewise: p50, the ratio to the floor, and each process's CPU time per call
-  (from ``/proc``, 10 ms ticks: a few us either way over the round's calls);
+  (from ``/proc``, in 10 ms ticks: 10 us per call over 1,000 calls, 20 us over 500);
 * 64 connections of get_table hits load each build and the floor in turn, for
   ``--seconds`` each, the builds' order alternating round by round: calls per second.
 

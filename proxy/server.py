@@ -67,6 +67,8 @@ class ClientConnection:
         self.whole: asyncio.WriteTransport | None = raw if uvloop_tcp else None
         self.plain = raw  # a plain stream's transport (see write_at_once)
         self.framed = transport is Transport.FRAMED
+        # Replies written at once: a bug after one is told from a bug before it.
+        self.answered = 0
 
     async def send(self, data: bytes) -> None:
         self._write(data)
@@ -90,10 +92,12 @@ class ClientConnection:
         plain = self.plain
         if plain is None:
             self._write(message)
+            self.answered += 1
             return
         if plain.is_closing():
             raise ConnectionResetError("the client connection is closed")
         guarded_write(plain, message)
+        self.answered += 1
 
     async def send_message(self, head: bytes, rest: memoryview) -> None:
         """A message given as a head and a view of the rest, written without joining them
@@ -452,11 +456,15 @@ class _Session:
             or transport.is_closing()
         ):
             return False
+        before = self.client.answered
         try:
             answered = self._answer_looked_up(data)
         except ClientGone as exc:
             log.debug("%s: connection ended: %s", self.state.peer, exc)
             self.writer.close()  # the session's read then ends it
+            return True
+        except Exception:
+            self.broke(written=self.client.answered != before)
             return True
         if answered:
             self.state.calls += 1
@@ -624,10 +632,15 @@ class _Session:
             self.broke()
             return True
 
-    def broke(self) -> None:
-        """A bug in answering at once, before or after a reply was written: the connection
-        is closed (its client fails fast and retries, as on any lost connection) rather
-        than left waiting for a reply that may never come."""
+    def broke(self, written: bool = False) -> None:
+        """A bug in answering a call at once (logged). After its reply was ``written`` the
+        connection goes on. Before it, the call may have gone nowhere, or to the metastore
+        already (a call only forwarded): the connection is closed, as a lost connection
+        is, rather than left waiting for a reply that may never come, or the call sent
+        twice."""
+        if written:
+            log.exception("%s: internal error after answering at once", self.state.peer)
+            return
         log.exception(
             "%s: internal error answering at once: closing the connection", self.state.peer
         )

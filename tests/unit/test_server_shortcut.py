@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import socket
 import struct
 import time
@@ -535,10 +536,10 @@ def test_bytes_the_protocol_tried_are_not_tried_again_by_the_task(
 
 
 @pytest.mark.parametrize("late", [False, True], ids=["protocol", "task"])
-def test_a_bug_answering_at_once_closes_the_connection_and_says_so(
+def test_a_bug_answering_at_once_before_the_reply_closes_the_connection(
     late: bool, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Before anything was written, as here: the client is not left waiting for a reply."""
+    """The client is not left waiting for a reply that will not come."""
 
     async def run() -> None:
         async with listening() as (r, _, port):
@@ -547,17 +548,45 @@ def test_a_bug_answering_at_once_closes_the_connection_and_says_so(
             await first.call(get_table(1))  # cached
             await first.close()
             if late:
-                _late_task(monkeypatch)
+                _late_task(monkeypatch)  # (its task reads the request)
+            tried = []
 
             def bug(*args: Any) -> None:
+                callers = {frame.function for frame in inspect.stack()}
+                tried.append("task" if "_answered_by_task" in callers else "protocol")
                 raise KeyError("a bug")
 
             monkeypatch.setattr(r.handler, "serve_repeat_now", bug)
             client = await connect(r, port)
-            await asyncio.sleep(0.1)  # (waiting for its request, unless late)
+            if not late:
+                await asyncio.sleep(0.1)  # (its task waits: the protocol reads the request)
             await client.send(get_table(2))
             assert await asyncio.wait_for(client.reader.read(), 5) == b""  # closed, no reply
             assert "internal error answering at once: closing the connection" in caplog.text
+            assert tried == ["task" if late else "protocol"]
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_bug_after_a_reply_written_at_once_keeps_the_connection(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def run() -> None:
+        async with listening() as (r, _, port):
+            assert r.cache is not None
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            await client.call(get_table(1))  # cached
+
+            def bug(ready: Ready) -> None:
+                raise KeyError("a bug in counting")
+
+            monkeypatch.setattr(r.cache, "count_now", bug)
+            assert await client.call(get_table(2)) == answer_of(r, 2)  # at once, then the bug
+            assert "internal error after answering at once" in caplog.text
+            monkeypatch.undo()
+            assert await client.call(get_table(3)) == answer_of(r, 3)  # the same connection
             await client.close()
 
     asyncio.run(run())
@@ -570,7 +599,7 @@ def test_under_uvloop_a_connection_per_call_is_answered_at_once() -> None:
     def trino(port: int, calls: int) -> list[bytes]:
         replies = []
         for seqid in range(2, 2 + calls):
-            with socket.create_connection(("127.0.0.1", port)) as sock:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
                 sock.sendall(get_table(seqid))
                 reply = b""
                 while message_length(reply) is None:
@@ -609,11 +638,13 @@ def test_accepted_connections_have_no_nagle_delay(loop: str) -> None:
             await server.start()
             try:
                 client = await connect(r, server.ports[0])
-                await until(lambda: len(server._sessions) == 1, "the session")
-                (session,) = server._sessions.values()
-                sock = session.writer.get_extra_info("socket")
-                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
-                await client.close()
+                try:
+                    await until(lambda: len(server._sessions) == 1, "the session")
+                    (session,) = server._sessions.values()
+                    sock = session.writer.get_extra_info("socket")
+                    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                finally:
+                    await client.close()
             finally:
                 await server.stop(0)
 
