@@ -371,6 +371,8 @@ class _ClientProtocol(asyncio.StreamReaderProtocol):
                     log.debug("%s: connection ended: %s", session.state.peer, exc)
                     return  # (closed: the session's read then ends it)
                 except Exception:
+                    # A bug in Again.answer, before its write (answer_now handles its own,
+                    # told apart by whether it wrote).
                     session.broke()
                     return
                 if answered:
@@ -626,11 +628,7 @@ class _Session:
             return False
         if self.requests.buffered or self.flight is not None:
             return False  # (the rest of a request; a flight has landed before any read ends)
-        try:
-            return self.answer_now(data, self.shortcut)
-        except Exception:
-            self.broke()
-            return True
+        return self.answer_now(data, self.shortcut)  # (a bug in it: see broke)
 
     def broke(self, written: bool = False) -> None:
         """A bug in answering a call at once (logged). After its reply was ``written`` the
