@@ -120,6 +120,15 @@ async def connect(r: Rig, port: int) -> Client:
     return Client(reader, writer, r.options.client_transport == "framed")
 
 
+async def call_once(r: Rig, port: int, request: bytes) -> bytes:
+    """``request`` on a connection of its own, closed after its reply (Trino's way)."""
+    client = await connect(r, port)
+    try:
+        return await client.call(request)
+    finally:
+        await client.close()
+
+
 def get_table(seqid: int) -> bytes:
     return idl.encode_call("get_table", seqid, dbname=DB, tbl_name=T)
 
@@ -276,16 +285,11 @@ def test_a_request_sent_with_its_connection_is_answered_at_once_too(
     async def run() -> None:
         async with listening() as (r, counted, port):
             r.hms.add_table(DB, T, v="1")
-            first = await connect(r, port)
-            await first.call(get_table(1))  # cached
-            await first.close()
+            await call_once(r, port, get_table(1))  # cached
             _late_task(monkeypatch)
             looked_up = LookedUp(r.handler)
             for seqid in (2, 3):  # Trino's way: one call per connection
-                client = await connect(r, port)
-                reply = await client.call(get_table(seqid))
-                assert reply == r.hms.answer("get_table", seqid, dbname=DB, tbl_name=T)
-                await client.close()
+                assert await call_once(r, port, get_table(seqid)) == answer_of(r, seqid)
             assert (counted.calls, looked_up.calls) == (1, 2)
             # Then asked again on its connection: answered again, as ever.
             client = await connect(r, port)
@@ -318,9 +322,7 @@ def test_a_call_only_forwarded_sent_with_its_connection_goes_at_once(
     async def run() -> None:
         async with listening(cache=False) as (r, counted, port):
             r.hms.add_table(DB, T, v="1")
-            warm = await connect(r, port)
-            await warm.call(get_table(1))  # (a pooled metastore connection stands idle)
-            await warm.close()
+            await call_once(r, port, get_table(1))  # (a pooled metastore connection stands idle)
             _late_task(monkeypatch)
             client = await connect(r, port)
             assert await client.call(get_table(2)) == answer_of(r, 2)
@@ -544,9 +546,7 @@ def test_a_bug_answering_at_once_before_the_reply_closes_the_connection(
     async def run() -> None:
         async with listening() as (r, _, port):
             r.hms.add_table(DB, T, v="1")
-            first = await connect(r, port)
-            await first.call(get_table(1))  # cached
-            await first.close()
+            await call_once(r, port, get_table(1))  # cached
             if late:
                 _late_task(monkeypatch)  # (its task reads the request)
             tried = []
@@ -612,9 +612,7 @@ def test_under_uvloop_a_connection_per_call_is_answered_at_once() -> None:
     async def run() -> None:
         async with listening() as (r, counted, port):
             r.hms.add_table(DB, T, v="1")
-            first = await connect(r, port)
-            await first.call(get_table(1))  # cached
-            await first.close()
+            await call_once(r, port, get_table(1))  # cached
             looked_up = LookedUp(r.handler)
             replies = await asyncio.to_thread(trino, port, 30)
             assert replies == [answer_of(r, seqid) for seqid in range(2, 32)]
