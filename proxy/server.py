@@ -139,7 +139,9 @@ class ThriftServer:
         self.metrics = metrics
         self.acceptor = acceptor  # SASL (--client-auth kerberos): who each engine is
         self._server: asyncio.Server | None = None
-        self._sessions: dict[asyncio.Task[None], _Session] = {}
+        self._sessions: set[_Session] = set()
+        # Connections served by a task from the start (SASL, refused at the limit).
+        self._starting: set[asyncio.Task[None]] = set()
         # Calls sent as they arrived, being finished the ordinary way (see _Session).
         self.finishing: set[asyncio.Task[None]] = set()
         self._negotiating = 0  # connections in their SASL negotiation
@@ -149,7 +151,7 @@ class ThriftServer:
 
     def _settle(self) -> None:
         """Count the calls answered again and not counted yet (see proxy.handler.again)."""
-        for session in self._sessions.values():
+        for session in self._sessions:
             if session.again is not None:
                 session.again.settle()
 
@@ -157,8 +159,8 @@ class ThriftServer:
         context = server_context(self.options)
         loop = asyncio.get_running_loop()
 
-        def protocol() -> _ClientProtocol:  # what asyncio.start_server builds, with ours
-            return _ClientProtocol(asyncio.StreamReader(READ_SIZE, loop), self.serve_client, loop)
+        def protocol() -> _ClientProtocol:
+            return _ClientProtocol(self, loop)
 
         self._server = await loop.create_server(
             protocol,
@@ -178,12 +180,58 @@ class ThriftServer:
     def listening(self) -> bool:
         return self._server is not None and self._server.is_serving() and not self.stopping
 
+    def accepted(
+        self, protocol: _ClientProtocol, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """A connection the listener accepted. Its session starts with no task: its protocol
+        answers what it can as it arrives (hits, calls only forwarded) and the session's
+        task starts at the first thing that needs one (see :class:`_ClientProtocol`).
+        Trino opens a connection per call: most of them then end without a task, whose
+        start, reads and end cost more than the hit (docs/benchmarks.md). A SASL
+        negotiation, or a connection over the limit, is served by a task from the start.
+        Its socket has TCP_NODELAY already: asyncio's and uvloop's TCP transports set it."""
+        if self.stopping:
+            writer.close()
+            return
+        limit = self.options.max_client_connections
+        if self.acceptor is not None or (limit and len(self._sessions) >= limit):
+            task = asyncio.get_running_loop().create_task(self.serve_client(reader, writer))
+            self._starting.add(task)
+            task.add_done_callback(functools.partial(self._served, writer))
+            return
+        writer.transport.set_write_buffer_limits(high=WRITE_SLICE, low=WRITE_SLICE // 4)
+        session = _Session(self, reader, writer)
+        session.shortcut = writer.transport
+        protocol.session = session
+        self._opened(session)
+        session.wait_taskless()
+
+    def _served(self, writer: asyncio.StreamWriter, task: asyncio.Task[None]) -> None:
+        """A connection's task from the start has ended (a bug in it: logged, closed)."""
+        self._starting.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "%s: internal error serving the connection",
+                _peer_name(writer),
+                exc_info=task.exception(),
+            )
+            writer.close()
+
+    def _opened(self, session: _Session) -> None:
+        self._sessions.add(session)
+        self.metrics.client_connections.inc()
+
+    def ended(self, session: _Session) -> None:
+        self._sessions.discard(session)
+        self.metrics.client_connections.dec()
+        session.keep_again(None)
+
     async def serve_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        """One client connection, from its streams, until it ends: what the listener runs
-        for each connection it accepts (tests run it on streams of their own). Its socket
-        has TCP_NODELAY already: asyncio's and uvloop's TCP transports set it."""
+        """One client connection, from its streams, until it ends, with a task from the
+        start: a SASL negotiation or a connection over the limit (see :meth:`accepted`);
+        tests run it on streams of their own."""
         if self.stopping:
             writer.close()
             return
@@ -205,21 +253,11 @@ class ThriftServer:
                 self._negotiating -= 1
             if authenticated is None:
                 return
+        # (A SASL session's bytes are wrapped: its protocol answers nothing as it arrives.)
         session = _Session(self, reader, writer, authenticated)
-        protocol = writer.transport.get_protocol()
-        if authenticated is None and isinstance(protocol, _ClientProtocol):
-            protocol.session = session  # (a SASL session's bytes are wrapped: no shortcut)
-            session.shortcut = writer.transport
-        task = asyncio.current_task()
-        assert task is not None
-        self._sessions[task] = session
-        self.metrics.client_connections.inc()
-        try:
-            await session.run()
-        finally:
-            del self._sessions[task]
-            self.metrics.client_connections.dec()
-            session.keep_again(None)
+        session.task = asyncio.current_task()
+        self._opened(session)
+        await session.run()
 
     async def _authenticate(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -314,21 +352,26 @@ class ThriftServer:
         until = asyncio.get_running_loop().time() + drain_timeout
         if self._server is not None:
             self._server.close()
-        for session in list(self._sessions.values()):
+        for session in list(self._sessions):
             session.keep_again(None)
             if not session.busy:
                 session.close()
-        tasks = list(self._sessions)
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=drain_timeout)
+        ending = [session.ending() for session in self._sessions]
+        if ending:
+            _, pending = await asyncio.wait(ending, timeout=drain_timeout)
             if pending:
                 log.warning(
                     "drain timeout: closing %d connections with calls in flight", len(pending)
                 )
-            for task in pending:
-                self._sessions[task].close()
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            tasks = []
+            for session in list(self._sessions):
+                session.close()
+                if session.task is not None:
+                    session.task.cancel()
+                    tasks.append(session.task)
+                else:
+                    session.end()  # (its call in flight is abandoned)
+            await asyncio.gather(*tasks, return_exceptions=True)
         if self.finishing:  # (their sessions ended first: nothing waited for them)
             left = max(0.0, until - asyncio.get_running_loop().time())
             _, pending = await asyncio.wait(self.finishing, timeout=left)
@@ -340,19 +383,36 @@ class ThriftServer:
 
 
 class _ClientProtocol(asyncio.StreamReaderProtocol):
-    """asyncio's stream protocol with one shortcut: a request that arrives whole while its
-    session waits for the next one, and that is a cache hit needing no await, is answered
-    here, as it arrives, without waking the session's task (on the hot path, that task's
-    wake-up, its read and its coroutines cost more than the hit itself). Everything else is
-    fed to the session's stream as asyncio would."""
+    """asyncio's stream protocol, with its session's first steps here, as bytes arrive.
+
+    A request that arrives whole while its session waits for the next one, and that is a
+    cache hit needing no await (or a call only forwarded), is answered here, without waking
+    the session's task (on the hot path, that task's wake-up, its read and its coroutines
+    cost more than the hit itself). A session starts with no task at all
+    (:meth:`ThriftServer.accepted`): while it has none, its idle clock is a timer and its
+    end is the connection's. Anything else starts the task (a request in parts, a call
+    that awaits, a client that pipelines or leaves while a call is in flight) and is fed
+    to its stream, as asyncio would; the task then serves the connection to its end."""
 
     session: _Session | None = None
     transport: asyncio.WriteTransport | None = None
+
+    def __init__(self, server: ThriftServer, loop: asyncio.AbstractEventLoop) -> None:
+        # (No callback: no task at connect. The base keeps only a weak reference to the
+        # stream it feeds; the protocol keeps it alive.)
+        self.reader = asyncio.StreamReader(READ_SIZE, loop)
+        super().__init__(self.reader, None, loop)
+        self.server = server
+        self.loop = loop
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (uvloop's transports are not asyncio's classes, but have their methods)
         self.transport = cast(asyncio.WriteTransport, transport)
         super().connection_made(transport)
+        # What asyncio.start_server gives its callback; the session's task, if it has one,
+        # reads and writes through them as ever.
+        writer = asyncio.StreamWriter(self.transport, self, self.reader, self.loop)
+        self.server.accepted(self, self.reader, writer)
 
     def data_received(self, data: bytes) -> None:
         session = self.session
@@ -369,7 +429,7 @@ class _ClientProtocol(asyncio.StreamReaderProtocol):
                     answered = session.answer_now(data, self.transport)
                 except ClientGone as exc:
                     log.debug("%s: connection ended: %s", session.state.peer, exc)
-                    return  # (closed: the session's read then ends it)
+                    return  # (closed: the session's read, or the connection's end, ends it)
                 except Exception:
                     # A bug in Again.answer, before its write (answer_now handles its own,
                     # told apart by whether it wrote).
@@ -383,7 +443,29 @@ class _ClientProtocol(asyncio.StreamReaderProtocol):
             # connection is answered.
             session.waiting = False
             session.keep_again(None)
+            super().data_received(data)
+            if session.task is None:
+                session.start_task()
+            return
         super().data_received(data)
+
+    def eof_received(self) -> bool | None:
+        keep_open = super().eof_received()
+        session = self.session
+        if session is not None and session.task is None:
+            if session.flight is None:
+                return False  # the transport closes: its connection_lost ends the session
+            session.start_task()  # (it answers the call in flight first, as ever)
+        return keep_open
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        session = self.session
+        if session is not None and session.task is None:
+            if session.flight is None:
+                session.end()
+            else:  # (answered to nobody, counted, its connection given back, as ever)
+                session.start_task()
 
 
 def _peer_name(writer: ByteWriter) -> str:
@@ -434,6 +516,12 @@ class _Session:
         self.ended = False  # a call in flight found its client gone: the session ends
         self._after_flight: asyncio.Future[None] | None = None
         self.loop = asyncio.get_running_loop()
+        # The task serving the connection, once it needs one (see _ClientProtocol); until
+        # then, the idle clock's timer.
+        self.task: asyncio.Task[None] | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self.over = False  # ended (see end)
+        self._ending: asyncio.Future[None] | None = None  # what a stop waits on
 
     def keep_again(self, again: Again | None) -> None:
         """Answer calls again with ``again`` from now on; the one before counts its answers."""
@@ -562,6 +650,73 @@ class _Session:
     def close(self) -> None:
         self.writer.close()
 
+    def wait_taskless(self) -> None:
+        """Wait for the first request with no task: the protocol answers what it can, and
+        the idle clock is a timer (the task's read has its own, see _read_within)."""
+        self.waiting = True
+        self.answered_at = self.loop.time()
+        idle = self.options.client_idle_timeout
+        if idle:
+            self._idle_timer = self.loop.call_at(self.answered_at + idle, self._idle_check)
+
+    def _idle_check(self) -> None:
+        """The taskless idle clock: ``--client-idle-timeout`` from the last request
+        answered, not counting a call in flight (as _read_within does for the task)."""
+        self._idle_timer = None
+        if self.over or self.task is not None:
+            return
+        idle = self.options.client_idle_timeout
+        now = self.loop.time()
+        left = self.answered_at + idle - now
+        if left > 0 or self.flight is not None:  # (answered meanwhile, or in flight)
+            again_at = now + (left if left > 0 else idle)
+            self._idle_timer = self.loop.call_at(again_at, self._idle_check)
+            return
+        self.server.metrics.client_errors.labels("idle").inc()
+        log.info("%s: closing connection idle for %g s", self.state.peer, idle)
+        self.writer.close()  # (the connection's end ends the session)
+
+    def start_task(self) -> None:
+        """The session needs its task from now on (see _ClientProtocol)."""
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        self.task = self.loop.create_task(self.run())
+        self.task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:  # (a bug: logged)
+            log.error(
+                "%s: internal error serving the connection",
+                self.state.peer,
+                exc_info=task.exception(),
+            )
+
+    def ending(self) -> asyncio.Future[None]:
+        """Done when the session has ended."""
+        if self._ending is None:
+            self._ending = self.loop.create_future()
+            if self.over:
+                self._ending.set_result(None)
+        return self._ending
+
+    def end(self) -> None:
+        """The session's end (once): by its task's end, or, with no task, its connection's
+        (a stop that gives up on a call in flight abandons it)."""
+        if self.over:
+            return
+        self.over = True
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        if self.flight is not None:  # (cancelled by a stop while it waited for it)
+            self.flight.abandon()
+        self.server.handler.end_session(self.state)
+        self.writer.close()
+        self.server.ended(self)
+        if self._ending is not None and not self._ending.done():
+            self._ending.set_result(None)
+
     async def run(self) -> None:
         try:
             await self._serve()
@@ -571,10 +726,7 @@ class _Session:
             # ordinary way's would: answered to nobody, counted, its connection given back.
             await self._flight_landed()
         finally:
-            if self.flight is not None:  # (cancelled by a stop while it waited for it)
-                self.flight.abandon()
-            self.server.handler.end_session(self.state)
-            self.writer.close()
+            self.end()
             with contextlib.suppress(Exception):
                 await self.writer.wait_closed()
 

@@ -258,7 +258,7 @@ def test_a_stopping_server_answers_nothing_again() -> None:
                 client = await connect(r, server.ports[0])
                 for seqid in (1, 2, 3):
                     await client.call(get_table(seqid))
-                (session,) = server._sessions.values()
+                (session,) = server._sessions
                 assert session.again is not None  # the third was answered again
                 await server.stop(5)
                 assert session.again is None
@@ -283,7 +283,7 @@ def test_what_a_connection_keeps_to_answer_again_goes_with_the_in_process_copy()
                 client = await connect(r, server.ports[0])
                 for seqid in (1, 2, 3):
                     await client.call(get_table(seqid))
-                (session,) = server._sessions.values()
+                (session,) = server._sessions
                 again = session.again
                 assert again is not None
                 assert _bytes_held(again) > 200_000  # the reply, while its copy is kept

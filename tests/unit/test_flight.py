@@ -36,7 +36,16 @@ from tests.unit.scripted_hms import (
     result_of,
     until,
 )
-from tests.unit.test_server_shortcut import DB, Client, Counted, T, connect, get_table, listening
+from tests.unit.test_server_shortcut import (
+    DB,
+    Client,
+    Counted,
+    T,
+    call_once,
+    connect,
+    get_table,
+    listening,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -74,22 +83,35 @@ async def serving(**values: Any) -> AsyncIterator[tuple[Rig, Counted, int, Thrif
 A = TypeVar("A", bound=Action)
 
 
-async def in_flight(r: Rig, port: int, action: A) -> tuple[Client, A]:
+async def in_flight(r: Rig, port: int, action: A, taskless: bool = False) -> tuple[Client, A]:
     """A client whose ``get_table`` (seqid 2) went out as it arrived and is at the
     metastore, which answers it as ``action`` says (its connection pooled by a first
-    call)."""
+    call). ``taskless``: the first call was another connection's, so the client's session
+    has no task yet (see proxy.server._ClientProtocol); else its own, made in its task."""
     r.hms.add_table(DB, T, v="1")
+    if taskless:
+        await call_once(r, port, status(1))
     client = await connect(r, port)
-    await client.call(status(1))
+    if not taskless:
+        await client.call(status(1))
     r.hms.script("get_table", action)
     await client.send(get_table(2))
     await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+    assert session_tasks() == (0 if taskless else 1)
     return client, action
 
 
-async def held_in_flight(r: Rig, port: int) -> tuple[Client, Slow]:
+def session_tasks() -> int:
+    """The sessions with a task, now."""
+    return sum(t.get_coro().__qualname__ == "_Session.run" for t in asyncio.all_tasks())  # type: ignore[union-attr]
+
+
+async def held_in_flight(r: Rig, port: int, taskless: bool = False) -> tuple[Client, Slow]:
     """:func:`in_flight`, held at the metastore until the gate returned is set."""
-    return await in_flight(r, port, Slow())
+    return await in_flight(r, port, Slow(), taskless)
+
+
+TASKLESS = pytest.mark.parametrize("taskless", [False, True], ids=["task", "taskless"])
 
 
 @pytest.mark.parametrize("upstream", ["buffered", "framed"])
@@ -265,10 +287,11 @@ def test_a_silent_metastore_is_answered_with_an_error_at_the_read_timeout(flown:
     asyncio.run(run())
 
 
-def test_a_reply_in_pieces_is_answered_once_whole(flown: list[str]) -> None:
+@TASKLESS
+def test_a_reply_in_pieces_is_answered_once_whole(flown: list[str], taskless: bool) -> None:
     async def run() -> None:
         async with listening(cache=False) as (r, counted, port):
-            client, split = await in_flight(r, port, Split())
+            client, split = await in_flight(r, port, Split(), taskless)
             for _ in range(20):
                 await asyncio.sleep(0.001)
             assert not client.reader._buffer  # half a reply is not sent
@@ -365,12 +388,13 @@ def test_a_bad_reply_is_answered_with_an_error_and_its_connection_closed(
     asyncio.run(run())
 
 
+@TASKLESS
 def test_a_stopping_server_lets_a_call_in_flight_finish_then_closes_its_connection(
-    flown: list[str],
+    flown: list[str], taskless: bool
 ) -> None:
     async def run() -> None:
         async with serving(cache=False) as (r, _counted, port, server):
-            client, slow = await held_in_flight(r, port)
+            client, slow = await held_in_flight(r, port, taskless)
             stopping = asyncio.create_task(server.stop(30))
             await asyncio.sleep(0.05)
             assert not stopping.done()
@@ -384,12 +408,13 @@ def test_a_stopping_server_lets_a_call_in_flight_finish_then_closes_its_connecti
     asyncio.run(run())
 
 
+@TASKLESS
 def test_a_call_in_flight_longer_than_the_idle_timeout_keeps_its_connection(
-    flown: list[str],
+    flown: list[str], taskless: bool
 ) -> None:
     async def run() -> None:
         async with listening(cache=False, client_idle_timeout=0.2) as (r, _counted, port):
-            client, slow = await held_in_flight(r, port)
+            client, slow = await held_in_flight(r, port, taskless)
             await asyncio.sleep(0.6)
             slow.gate.set()
             assert flown == ["get_table"]
@@ -435,12 +460,13 @@ def test_the_read_timeout_bounds_each_silence_not_the_whole_reply(
     asyncio.run(run())
 
 
+@TASKLESS
 def test_a_stop_sends_nothing_a_client_pipelined_behind_a_call_in_flight(
-    flown: list[str],
+    flown: list[str], taskless: bool
 ) -> None:
     async def run() -> None:
         async with serving(cache=False) as (r, _counted, port, server):
-            client, slow = await held_in_flight(r, port)
+            client, slow = await held_in_flight(r, port, taskless)
             new = idl.module().Table(tableName=T, dbName=DB, parameters={"v": "2"})
             write = idl.encode_call("alter_table", 3, dbname=DB, tbl_name=T, new_tbl=new)
             await client.send(write)
@@ -463,12 +489,13 @@ def test_a_stop_sends_nothing_a_client_pipelined_behind_a_call_in_flight(
     asyncio.run(run())
 
 
+@TASKLESS
 def test_a_stop_that_gives_up_on_a_call_in_flight_closes_its_connection(
-    flown: list[str],
+    flown: list[str], taskless: bool
 ) -> None:
     async def run() -> None:
         async with serving(cache=False) as (r, _counted, port, server):
-            client, slow = await held_in_flight(r, port)
+            client, slow = await held_in_flight(r, port, taskless)
             await client.send(status(3))  # (the session waits for the call in flight)
             await asyncio.sleep(0.01)
             await server.stop(0.1)  # the drain timeout passes first
@@ -482,12 +509,13 @@ def test_a_stop_that_gives_up_on_a_call_in_flight_closes_its_connection(
     asyncio.run(run())
 
 
+@TASKLESS
 def test_a_client_that_ends_its_side_after_its_call_still_gets_the_reply(
-    flown: list[str],
+    flown: list[str], taskless: bool
 ) -> None:
     async def run() -> None:
         async with listening(cache=False) as (r, _counted, port):
-            client, slow = await held_in_flight(r, port)
+            client, slow = await held_in_flight(r, port, taskless)
             client.writer.write_eof()
             await asyncio.sleep(0.01)
             slow.gate.set()
@@ -501,12 +529,13 @@ def test_a_client_that_ends_its_side_after_its_call_still_gets_the_reply(
     asyncio.run(run())
 
 
+@TASKLESS
 def test_a_request_begun_during_a_call_in_flight_has_its_time_from_the_reply(
-    flown: list[str],
+    flown: list[str], taskless: bool
 ) -> None:
     async def run() -> None:
         async with listening(cache=False, client_message_timeout=0.3) as (r, _counted, port):
-            client, slow = await held_in_flight(r, port)
+            client, slow = await held_in_flight(r, port, taskless)
             second = status(3)
             await client.send(second[:5])
             await asyncio.sleep(0.5)  # longer than a request may take to arrive
@@ -521,10 +550,13 @@ def test_a_request_begun_during_a_call_in_flight_has_its_time_from_the_reply(
     asyncio.run(run())
 
 
-def test_a_client_gone_before_its_reply_leaves_the_connection_pooled(flown: list[str]) -> None:
+@TASKLESS
+def test_a_client_gone_before_its_reply_leaves_the_connection_pooled(
+    flown: list[str], taskless: bool
+) -> None:
     async def run() -> None:
         async with listening(cache=False) as (r, _counted, port):
-            client, slow = await held_in_flight(r, port)
+            client, slow = await held_in_flight(r, port, taskless)
             await client.close()
             await asyncio.sleep(0.01)
             slow.gate.set()
@@ -605,12 +637,13 @@ def test_forward_at_once_off_takes_the_ordinary_way_for_every_call(flown: list[s
     asyncio.run(run())
 
 
+@TASKLESS
 def test_a_call_in_flight_whose_client_is_gone_ends_the_session_with_nothing_more_sent(
-    flown: list[str],
+    flown: list[str], taskless: bool
 ) -> None:
     async def run() -> None:
         async with listening(cache=False) as (r, _counted, port):
-            client, _split = await in_flight(r, port, Split())
+            client, _split = await in_flight(r, port, Split(), taskless)
             new = idl.module().Table(tableName=T, dbName=DB, parameters={"v": "2"})
             write = idl.encode_call("alter_table", 3, dbname=DB, tbl_name=T, new_tbl=new)
             await client.send(write)  # pipelined behind it
@@ -626,12 +659,13 @@ def test_a_call_in_flight_whose_client_is_gone_ends_the_session_with_nothing_mor
     asyncio.run(run())
 
 
+@TASKLESS
 def test_a_client_that_resets_its_connection_in_flight_is_counted_gone(
-    flown: list[str],
+    flown: list[str], taskless: bool
 ) -> None:
     async def run() -> None:
         async with listening(cache=False) as (r, _counted, port):
-            client, slow = await held_in_flight(r, port)
+            client, slow = await held_in_flight(r, port, taskless)
             sock = client.writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             client.writer.transport.abort()  # a reset, not an end

@@ -265,71 +265,76 @@ def test_a_hit_arriving_while_an_earlier_call_is_answered_waits_its_turn() -> No
     asyncio.run(run())
 
 
-def _late_task(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each session's task starts 50 ms late: what a client sends with its connection is
-    then read by the task, not seen by the protocol (uvloop starts the task a loop turn
-    after the connection's first bytes are read, so this is every connection's first
-    request there: Trino's every call)."""
-    run = server_module._Session.run
+class Tasks:
+    """Counts the sessions that started a task (see proxy.server._ClientProtocol)."""
 
-    async def late(self: Any) -> None:
-        await asyncio.sleep(0.05)
-        await run(self)
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.started = 0
+        start_task = server_module._Session.start_task
 
-    monkeypatch.setattr(server_module._Session, "run", late)
+        def counted(session: Any) -> None:
+            self.started += 1
+            start_task(session)
+
+        monkeypatch.setattr(server_module._Session, "start_task", counted)
 
 
-def test_a_request_sent_with_its_connection_is_answered_at_once_too(
+def test_a_hit_on_a_connection_of_its_own_is_answered_with_no_task(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async def run() -> None:
         async with listening() as (r, counted, port):
             r.hms.add_table(DB, T, v="1")
-            await call_once(r, port, get_table(1))  # cached
-            _late_task(monkeypatch)
+            tasks = Tasks(monkeypatch)
+            await call_once(r, port, get_table(1))  # a miss: the ordinary way, in a task
+            assert (counted.calls, tasks.started) == (1, 1)
             looked_up = LookedUp(r.handler)
             for seqid in (2, 3):  # Trino's way: one call per connection
                 assert await call_once(r, port, get_table(seqid)) == answer_of(r, seqid)
-            assert (counted.calls, looked_up.calls) == (1, 2)
-            # Then asked again on its connection: answered again, as ever.
+            assert (counted.calls, looked_up.calls, tasks.started) == (1, 2, 1)
+            # Then asked again on its connection: answered again, as ever, still no task.
             client = await connect(r, port)
             await client.call(get_table(4))
             assert await client.call(get_table(5)) == answer_of(r, 5)
-            assert (counted.calls, looked_up.calls) == (1, 3)
+            assert (counted.calls, looked_up.calls, tasks.started) == (1, 3, 1)
             await client.close()
             # Two requests sent together with the connection, or part of one: the ordinary
-            # way, in order.
+            # way, in order, in a task.
             client = await connect(r, port)
             await client.send(get_table(6) + get_table(7))
             assert [seqid_of(await client.reply()) for _ in range(2)] == [6, 7]
-            assert counted.calls == 3
+            assert (counted.calls, tasks.started) == (3, 2)
             await client.close()
             client = await connect(r, port)
             request = get_table(8)
             await client.send(request[:10])
-            await asyncio.sleep(0.1)  # (the task reads the part alone)
+            await asyncio.sleep(0.1)  # (the part alone starts the task)
             await client.send(request[10:])
             assert await client.reply() == answer_of(r, 8)
-            assert counted.calls == 4 and looked_up.calls == 3
+            assert (counted.calls, looked_up.calls, tasks.started) == (4, 3, 3)
             await client.close()
+            # Every session ended, taskless or not: none left open, none counted.
+            await until(lambda: not r.sample("hmsproxy_client_connections"), "the ends")
 
     asyncio.run(run())
 
 
-def test_a_call_only_forwarded_sent_with_its_connection_goes_at_once(
+def test_a_call_only_forwarded_on_a_connection_of_its_own_goes_with_no_task(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async def run() -> None:
         async with listening(cache=False) as (r, counted, port):
             r.hms.add_table(DB, T, v="1")
             await call_once(r, port, get_table(1))  # (a pooled metastore connection stands idle)
-            _late_task(monkeypatch)
+            tasks = Tasks(monkeypatch)
+            assert await call_once(r, port, get_table(2)) == answer_of(r, 2)
             client = await connect(r, port)
-            assert await client.call(get_table(2)) == answer_of(r, 2)
             assert await client.call(get_table(3)) == answer_of(r, 3)
-            assert counted.calls == 1  # (the first connection's only)
-            assert r.requests("get_table", "ok") == 3
+            assert await client.call(get_table(4)) == answer_of(r, 4)
+            assert (counted.calls, tasks.started) == (1, 0)  # (the first connection's only)
+            assert r.requests("get_table", "ok") == 4
             await client.close()
+            await until(lambda: not r.sample("hmsproxy_client_connections"), "the ends")
 
     asyncio.run(run())
 
@@ -546,9 +551,8 @@ def test_a_bug_answering_at_once_before_the_reply_closes_the_connection(
     async def run() -> None:
         async with listening() as (r, _, port):
             r.hms.add_table(DB, T, v="1")
+            r.hms.add_table(DB, "u", v="1")
             await call_once(r, port, get_table(1))  # cached
-            if late:
-                _late_task(monkeypatch)  # (its task reads the request)
             tried = []
 
             def bug(*args: Any) -> None:
@@ -556,11 +560,18 @@ def test_a_bug_answering_at_once_before_the_reply_closes_the_connection(
                 tried.append("task" if "_answered_by_task" in callers else "protocol")
                 raise KeyError("a bug")
 
-            monkeypatch.setattr(r.handler, "serve_repeat_now", bug)
             client = await connect(r, port)
-            if not late:
-                await asyncio.sleep(0.1)  # (its task waits: the protocol reads the request)
+            if late:  # the request comes while a miss is answered: the task reads it
+                slow = Slow()
+                r.hms.script("get_table", slow)
+                await client.send(idl.encode_call("get_table", 9, dbname=DB, tbl_name="u"))
+                await until(lambda: r.hms.calls["get_table"] == 2, "the miss at the metastore")
+            monkeypatch.setattr(r.handler, "serve_repeat_now", bug)
             await client.send(get_table(2))
+            if late:
+                await asyncio.sleep(0.05)
+                slow.gate.set()
+                assert seqid_of(await client.reply()) == 9
             assert await asyncio.wait_for(client.reader.read(), 5) == b""  # closed, no reply
             assert "internal error answering at once: closing the connection" in caplog.text
             assert tried == ["task" if late else "protocol"]
@@ -638,7 +649,7 @@ def test_accepted_connections_have_no_nagle_delay(loop: str) -> None:
                 client = await connect(r, server.ports[0])
                 try:
                     await until(lambda: len(server._sessions) == 1, "the session")
-                    (session,) = server._sessions.values()
+                    (session,) = server._sessions
                     sock = session.writer.get_extra_info("socket")
                     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
                 finally:

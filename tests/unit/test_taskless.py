@@ -1,0 +1,106 @@
+"""Sessions with no task (see proxy.server._ClientProtocol): a connection whose calls are
+answered as they arrive keeps the listener's promises (the idle timeout, the connection
+limit, a stop, the connection gauge) as a session with a task does. On a loopback port."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from thrift.Thrift import TApplicationException
+
+from proxy import server as server_module
+from tests.rig.raw import seqid_of
+from tests.unit.scripted_hms import result_of, until
+from tests.unit.test_flight import serving, session_tasks
+from tests.unit.test_server_shortcut import DB, T, call_once, connect, get_table
+
+
+def test_the_idle_timeout_closes_a_taskless_connection_silent_or_done_asking() -> None:
+    async def run() -> None:
+        async with serving(client_idle_timeout=0.4) as (r, counted, port, _server):
+            r.hms.add_table(DB, T, v="1")
+            await call_once(r, port, get_table(1))  # cached
+            silent = await connect(r, port)
+            asking = await connect(r, port)
+            for seqid in range(2, 12):  # a second of hits, each within the idle timeout
+                await asyncio.sleep(0.1)
+                assert seqid_of(await asking.call(get_table(seqid))) == seqid
+            assert session_tasks() == 0 and counted.calls == 1
+            assert await asyncio.wait_for(silent.reader.read(), 30) == b""  # (long closed)
+            assert r.sample("hmsproxy_client_errors_total", reason="idle") == 1
+            assert await asyncio.wait_for(asking.reader.read(), 30) == b""  # then idle too
+            assert r.sample("hmsproxy_client_errors_total", reason="idle") == 2
+            await until(lambda: not r.sample("hmsproxy_client_connections"), "the ends")
+            for client in (silent, asking):
+                await client.close()
+
+    asyncio.run(run())
+
+
+def test_taskless_connections_count_against_the_connection_limit() -> None:
+    async def run() -> None:
+        async with serving(max_client_connections=2) as (r, _counted, port, _server):
+            r.hms.add_table(DB, T, v="1")
+            await call_once(r, port, get_table(1))  # cached
+            await until(lambda: not r.sample("hmsproxy_client_connections"), "its end")
+            first, second = await connect(r, port), await connect(r, port)
+            for seqid, client in enumerate((first, second), start=2):
+                assert seqid_of(await client.call(get_table(seqid))) == seqid
+            assert session_tasks() == 0 and r.sample("hmsproxy_client_connections") == 2
+            third = await connect(r, port)
+            refused = result_of(await third.call(get_table(4)))
+            assert isinstance(refused, TApplicationException)
+            assert "too many client connections (limit 2)" in str(refused.message)
+            assert await asyncio.wait_for(third.reader.read(), 30) == b""
+            await first.close()
+            await until(lambda: r.sample("hmsproxy_client_connections") == 1, "its end")
+            assert await call_once(r, port, get_table(5)) == r.hms.answer(
+                "get_table", 5, dbname=DB, tbl_name=T
+            )
+            for client in (second, third):
+                await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_stop_closes_taskless_connections_at_once() -> None:
+    async def run() -> None:
+        async with serving() as (r, _counted, port, server):
+            r.hms.add_table(DB, T, v="1")
+            await call_once(r, port, get_table(1))  # cached
+            clients = [await connect(r, port) for _ in range(3)]
+            for seqid, client in enumerate(clients, start=2):
+                assert seqid_of(await client.call(get_table(seqid))) == seqid
+            assert session_tasks() == 0
+            # (a drain timeout the stop must not wait for: nothing is in flight)
+            stopping = asyncio.create_task(server.stop(3600))
+            for client in clients:
+                assert await asyncio.wait_for(client.reader.read(), 30) == b""
+            await asyncio.wait_for(stopping, 30)
+            assert not server._sessions and not r.sample("hmsproxy_client_connections")
+            for client in clients:
+                await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_bug_in_a_sessions_task_is_logged_and_its_connection_closed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def broken(self: Any) -> None:
+        raise KeyError("a bug")
+
+    async def run() -> None:
+        async with serving() as (r, _counted, port, _server):
+            r.hms.add_table(DB, T, v="1")
+            monkeypatch.setattr(server_module._Session, "_serve", broken)
+            client = await connect(r, port)
+            await client.send(get_table(1))  # a miss: the task starts, and breaks
+            assert await asyncio.wait_for(client.reader.read(), 30) == b""
+            assert "internal error serving the connection" in caplog.text
+            await until(lambda: not r.sample("hmsproxy_client_connections"), "its end")
+            await client.close()
+
+    asyncio.run(run())
