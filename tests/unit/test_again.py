@@ -271,6 +271,42 @@ def test_a_stopping_server_answers_nothing_again() -> None:
     asyncio.run(run())
 
 
+def test_what_answers_again_is_made_only_when_the_connection_asks_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Trino asks one call per connection: nothing is made for a next call that never
+    comes, and what is made when one does answers it."""
+    made = []
+
+    async def run() -> None:
+        async with rig() as r:
+            server = ThriftServer(r.options, r.handler, r.metrics)
+            make = r.handler.again
+
+            def counted(*args: Any) -> Any:
+                made.append(args[1])
+                return make(*args)
+
+            monkeypatch.setattr(r.handler, "again", counted)
+            await server.start()
+            try:
+                r.hms.add_table(DB, T, v="1")
+                client = await connect(r, server.ports[0])
+                await client.call(get_table(1))  # cached
+                await client.call(get_table(2))  # a hit, answered at once
+                (session,) = server._sessions
+                assert made == [] and session.again is None
+                assert await client.call(get_table(3)) == answer(r, 3)  # answered again
+                assert made == [get_table(2)] and session.again is not None
+                assert await client.call(get_table(4)) == answer(r, 4)
+                assert len(made) == 1
+                await client.close()
+            finally:
+                await server.stop(0)
+
+    asyncio.run(run())
+
+
 def test_what_a_connection_keeps_to_answer_again_goes_with_the_in_process_copy() -> None:
     # An idle connection's Again must not keep a reply the in-process front let go of (the
     # front's byte budget would no longer bound memory: one reply per connection more).
