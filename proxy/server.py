@@ -51,6 +51,9 @@ WRITE_SLICE = 1 << 20
 SMALL_MESSAGE = 64 * 1024
 
 
+_UVLOOP_TCP: dict[type, bool] = {}  # whether a transport's type is uvloop's TCP transport
+
+
 class ClientConnection:
     """The client side of a session: framing-aware writes with backpressure."""
 
@@ -63,7 +66,13 @@ class ClientConnection:
         # buffer: a big message goes to them in slices. Only a plain stream's writer: a SASL
         # session's frames and wraps what it writes (its raw transport is uvloop's too).
         raw = writer.transport if type(writer) is asyncio.StreamWriter else None
-        uvloop_tcp = type(raw).__name__ == "TCPTransport" and type(raw).__module__ == "uvloop.loop"
+        uvloop_tcp = _UVLOOP_TCP.get(type(raw))
+        if uvloop_tcp is None:
+            kind = type(raw)
+            uvloop_tcp = _UVLOOP_TCP[kind] = (kind.__name__, kind.__module__) == (
+                "TCPTransport",
+                "uvloop.loop",
+            )
         self.whole: asyncio.WriteTransport | None = raw if uvloop_tcp else None
         self.plain = raw  # a plain stream's transport (see write_at_once)
         self.framed = transport is Transport.FRAMED
@@ -150,6 +159,8 @@ class ThriftServer:
         self._sweeper: asyncio.TimerHandle | None = None
         self._sweep_every = 1.0
         metrics.settle_with(self._settle)
+        # Read when scraped: an increment and a decrement per connection took a lock each.
+        metrics.client_connections.set_function(lambda: len(self._sessions))
 
     def _settle(self) -> None:
         """Count the calls answered again and not counted yet (see proxy.handler.again)."""
@@ -224,10 +235,10 @@ class ThriftServer:
             task.add_done_callback(functools.partial(self._served, writer))
             return
         writer.transport.set_write_buffer_limits(high=WRITE_SLICE, low=WRITE_SLICE // 4)
-        session = _Session(self, reader, writer)
+        session = _Session(self, reader, writer, loop=protocol.loop)
         session.shortcut = writer.transport
         protocol.session = session
-        self._opened(session)
+        self._sessions.add(session)
         session.waiting = True  # (for its first request, with no task: see _ClientProtocol)
         session.answered_at = session.loop.time()
 
@@ -242,13 +253,8 @@ class ThriftServer:
             )
             writer.close()
 
-    def _opened(self, session: _Session) -> None:
-        self._sessions.add(session)
-        self.metrics.client_connections.inc()
-
     def ended(self, session: _Session) -> None:
         self._sessions.discard(session)
-        self.metrics.client_connections.dec()
         session.keep_again(None)
 
     async def serve_client(
@@ -281,7 +287,7 @@ class ThriftServer:
         # (A SASL session's bytes are wrapped: its protocol answers nothing as it arrives.)
         session = _Session(self, reader, writer, authenticated)
         session.task = asyncio.current_task()
-        self._opened(session)
+        self._sessions.add(session)
         await session.run()
 
     async def _authenticate(
@@ -507,6 +513,7 @@ class _Session:
         reader: ByteReader,
         writer: ByteWriter,
         authenticated: Authenticated | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self.server = server
         self.options = server.options
@@ -524,7 +531,7 @@ class _Session:
                 upstream_sasl=self.options.upstream_auth == "kerberos",
             )
         self.client = ClientConnection(self.writer, self.options.client_transport)
-        self.requests = MessageReader(self.options.client_transport, self.options.max_request_bytes)
+        self.requests: MessageReader  # (the task's: made when it starts, see run)
         self.handling = False
         self._message_deadline = 0.0  # when the request being received must be complete
         # Set while the session waits for a request with nothing buffered: then its
@@ -544,7 +551,7 @@ class _Session:
         self.flight: Flight | None = None
         self.ended = False  # a call in flight found its client gone: the session ends
         self._after_flight: asyncio.Future[None] | None = None
-        self.loop = asyncio.get_running_loop()
+        self.loop = loop or asyncio.get_running_loop()
         # The task serving the connection, once it needs one (see _ClientProtocol); until
         # then, the idle clock's timer.
         self.task: asyncio.Task[None] | None = None
@@ -734,6 +741,7 @@ class _Session:
             self._ending.set_result(None)
 
     async def run(self) -> None:
+        self.requests = MessageReader(self.options.client_transport, self.options.max_request_bytes)
         try:
             await self._serve()
         except (ConnectionError, ClientGone) as exc:
