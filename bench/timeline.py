@@ -48,7 +48,7 @@ import atexit, os, sys
 from time import perf_counter
 marks = []
 mark = marks.append
-from proxy import server
+from proxy import client_connection, protocols
 from proxy.handler import dispatch, flight
 from proxy.upstream import streams
 def wrap(owner, name, before, after):
@@ -58,16 +58,17 @@ def wrap(owner, name, before, after):
         original(*args)
         mark((after, perf_counter()))
     setattr(owner, name, timed)
-wrap(server._ClientProtocol, "data_received", "request", "request done")
+wrap(protocols.TasklessProtocol, "data_received", "request", "request done")
+wrap(protocols.StreamProtocol, "data_received", "request", "request done")
 wrap(streams.DivertingProtocol, "data_received", "reply", "reply done")
 wrap(dispatch, "guarded_write", "write", "written")
-wrap(server.ClientConnection, "write_at_once", "write", "written")
+wrap(client_connection.ClientConnection, "write_at_once", "write", "written")
 if os.environ["YIELD"] == "1":
-    original = server.ClientConnection.write_at_once
+    original = client_connection.ClientConnection.write_at_once
     def then_yield(self, reply):
         original(self, reply)
         os.sched_yield()
-    server.ClientConnection.write_at_once = then_yield
+    client_connection.ClientConnection.write_at_once = then_yield
 def save():
     with open(os.environ["MARKS"], "w") as out:
         out.writelines(f"{tag}|{at!r}\\n" for tag, at in marks)

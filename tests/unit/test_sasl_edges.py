@@ -565,8 +565,8 @@ def test_a_big_reply_to_a_sasl_session_goes_through_its_layer_on_uvloop(layer: A
     # never a SASL session's, whose raw transport is uvloop's too, but whose bytes must be
     # framed (and wrapped) by its writer.
     uvloop = pytest.importorskip("uvloop")
+    from proxy.client_connection import ClientConnection
     from proxy.sasl.stream import SaslWriter
-    from proxy.server import ClientConnection
 
     message = b"HEAD" + b"x" * 100_000
 

@@ -263,7 +263,7 @@ class _ClosedHandle:
 def test_a_write_to_a_client_gone_is_the_clients_loss_whatever_the_loop(closing: bool) -> None:
     """Under uvloop, writing to a reset connection raises RuntimeError: it must reach the
     handler as ConnectionError (the client gone), not as an internal error."""
-    from proxy.server import ClientConnection
+    from proxy.client_connection import ClientConnection
     from proxy.wire.framing import Transport
 
     async def run() -> None:

@@ -1,6 +1,6 @@
 """The listener's shortcut for hits: a request that arrives whole while its session waits,
 and is a hit needing no await, is answered by the connection's protocol as it arrives (see
-proxy.server._ClientProtocol). On a loopback port, through the real protocol (the socket
+proxy.protocols). On a loopback port, through the real protocol (the socket
 pairs of test_server.py enter a session past it)."""
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from proxy import catalog, idl
-from proxy import server as server_module
+from proxy import catalog, client_session, idl
 from proxy.cache import locks
 from proxy.cache.keys import Bump, TableRef, partition_field
 from proxy.cache.ready import Ready
@@ -266,17 +265,17 @@ def test_a_hit_arriving_while_an_earlier_call_is_answered_waits_its_turn() -> No
 
 
 class Tasks:
-    """Counts the sessions that started a task (see proxy.server._ClientProtocol)."""
+    """Counts the sessions that started a task (see proxy.protocols)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.started = 0
-        start_task = server_module._Session.start_task
+        start_task = client_session.ClientSession.start_task
 
         def counted(session: Any) -> None:
             self.started += 1
             start_task(session)
 
-        monkeypatch.setattr(server_module._Session, "start_task", counted)
+        monkeypatch.setattr(client_session.ClientSession, "start_task", counted)
 
 
 def test_a_hit_on_a_connection_of_its_own_is_answered_with_no_task(
@@ -516,14 +515,14 @@ def test_bytes_the_protocol_tried_are_not_tried_again_by_the_task(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     tried = 0
-    answer_now = server_module._Session.answer_now
+    answer_now = client_session.ClientSession.answer_now
 
     def counting(self: Any, data: bytes, transport: Any) -> bool:
         nonlocal tried
         tried += 1
         return answer_now(self, data, transport)
 
-    monkeypatch.setattr(server_module._Session, "answer_now", counting)
+    monkeypatch.setattr(client_session.ClientSession, "answer_now", counting)
 
     async def run() -> None:
         nonlocal tried
@@ -650,7 +649,8 @@ def test_accepted_connections_have_no_nagle_delay(loop: str) -> None:
                 try:
                     await until(lambda: len(server._sessions) == 1, "the session")
                     (session,) = server._sessions
-                    sock = session.writer.get_extra_info("socket")
+                    assert session.shortcut is not None
+                    sock = session.shortcut.get_extra_info("socket")
                     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
                 finally:
                     await client.close()

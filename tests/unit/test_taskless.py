@@ -1,4 +1,4 @@
-"""Sessions with no task (see proxy.server._ClientProtocol): a connection whose calls are
+"""Sessions with no task (see proxy.protocols): a connection whose calls are
 answered as they arrive keeps the listener's promises (the idle timeout, the connection
 limit, a stop, the connection gauge) as a session with a task does. On a loopback port."""
 
@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from thrift.Thrift import TApplicationException
 
-from proxy import server as server_module
+from proxy import client_session
+from proxy.protocols import StreamProtocol, TasklessProtocol
 from tests.rig.raw import seqid_of
 from tests.unit.scripted_hms import result_of, until
 from tests.unit.test_flight import serving, session_tasks
@@ -95,12 +96,41 @@ def test_a_bug_in_a_sessions_task_is_logged_and_its_connection_closed(
     async def run() -> None:
         async with serving() as (r, _counted, port, _server):
             r.hms.add_table(DB, T, v="1")
-            monkeypatch.setattr(server_module._Session, "_serve", broken)
+            monkeypatch.setattr(client_session.ClientSession, "_serve", broken)
             client = await connect(r, port)
             await client.send(get_table(1))  # a miss: the task starts, and breaks
             assert await asyncio.wait_for(client.reader.read(), 30) == b""
             assert "internal error serving the connection" in caplog.text
             await until(lambda: not r.sample("hmsproxy_client_connections"), "its end")
+            await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_pause_of_writing_before_the_streams_holds_after_them() -> None:
+    """The transport told the taskless protocol to stop writing (a client that reads
+    nothing): the stream protocol that takes over must not write until told to resume."""
+
+    async def run() -> None:
+        async with serving() as (r, _counted, port, server):
+            r.hms.add_table(DB, T, v="1")
+            await call_once(r, port, get_table(1))  # cached
+            client = await connect(r, port)
+            assert seqid_of(await client.call(get_table(2))) == 2
+            (session,) = server._sessions
+            assert session.shortcut is not None
+            taskless = session.shortcut.get_protocol()
+            assert isinstance(taskless, TasklessProtocol)
+            taskless.pause_writing()  # (as the transport would)
+            await client.send(get_table(3)[:10])  # a part: the streams, and the task
+            await until(lambda: session.task is not None, "the task")
+            streams = session.shortcut.get_protocol()
+            assert isinstance(streams, StreamProtocol) and streams is not taskless
+            # (asyncio's flow control: a drain waits for a resume)
+            assert streams._paused  # type: ignore[attr-defined]
+            streams.resume_writing()
+            await client.send(get_table(3)[10:])
+            assert seqid_of(await client.reply()) == 3
             await client.close()
 
     asyncio.run(run())
