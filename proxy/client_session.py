@@ -87,7 +87,10 @@ class ClientSession:
                 end_user=self.options.upstream_identity == "end-user",
                 upstream_sasl=self.options.upstream_auth == "kerberos",
             )
-        self.client = ClientConnection(self.writer, self.options.client_transport, transport)
+        # (With no streams yet, replies written at once go to the connection's transport;
+        # a SASL session's only through its writer, which wraps them.)
+        plain = transport if self.writer is None else None
+        self.client = ClientConnection(self.writer, self.options.client_transport, plain)
         self.requests: MessageReader  # (the task's: made when it starts, see run)
         self.handling = False
         self._message_deadline = 0.0  # when the request being received must be complete
