@@ -291,7 +291,10 @@ class ClientSession:
         self.close()
 
     def start_task(self) -> None:
-        """The session needs its task from now on (see proxy.protocols)."""
+        """The session needs its task from now on (see proxy.protocols); none once it has
+        ended (a stop that gave up on its call in flight, say)."""
+        if self.over:
+            return
         self.streams()
         self.task = self.loop.create_task(self.run())
         self.task.add_done_callback(self._task_done)
@@ -318,13 +321,16 @@ class ClientSession:
         if self.over:
             return
         self.over = True
-        if self.flight is not None:  # (cancelled by a stop while it waited for it)
-            self.flight.abandon()
-        self.server.handler.end_session(self.state)
-        self.close()
-        self.server.ended(self)
-        if self._ending is not None and not self._ending.done():
-            self._ending.set_result(None)
+        try:
+            flight, self.flight = self.flight, None  # (no task is started for it after this)
+            if flight is not None:  # (cancelled by a stop while it waited for it)
+                flight.abandon()
+            self.server.handler.end_session(self.state)
+        finally:  # (a bug above must not leave it counted, nor a stop waiting for it)
+            self.close()
+            self.server.ended(self)
+            if self._ending is not None and not self._ending.done():
+                self._ending.set_result(None)
 
     async def run(self) -> None:
         self.requests = MessageReader(self.options.client_transport, self.options.max_request_bytes)

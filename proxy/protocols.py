@@ -97,13 +97,13 @@ class TasklessProtocol(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         session = self.session
-        if session is None or session.flight is None:
+        if session is None or session.over or session.flight is None:
             return False  # the transport closes: its connection_lost ends the session
         return session.streams().eof_received()  # (its task answers the call in flight)
 
     def connection_lost(self, exc: Exception | None) -> None:
         session = self.session
-        if session is None:
+        if session is None or session.over:
             return
         if session.flight is None:
             session.end()
