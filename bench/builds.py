@@ -27,6 +27,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.cache import load, side_by_side
@@ -48,8 +49,11 @@ HERE = Path(__file__).resolve().parent.parent
 DATA = HERE / ".rig" / "bench"
 
 
-def start_proxy(code: Path, upstream: str) -> tuple[subprocess.Popen[bytes], int]:
-    """The proxy of the checkout at ``code`` (its own modules first on the path)."""
+def start_proxy(
+    code: Path, upstream: str, extra: Sequence[str] = ()
+) -> tuple[subprocess.Popen[bytes], int]:
+    """The proxy of the checkout at ``code`` (its own modules first on the path), with the
+    ``extra`` flags."""
     port = free_port()
     process = subprocess.Popen(
         [
@@ -60,6 +64,7 @@ def start_proxy(code: Path, upstream: str) -> tuple[subprocess.Popen[bytes], int
             *("--admin-listen", f"127.0.0.1:{free_port()}"),
             *("--log-level", "warning", "--memory-cache-bytes", "1GiB"),
             *("--ttl-table", "3600", "--ttl-partitions", "3600"),
+            *extra,
         ],
         cwd=code,
         env=dict(os.environ, PYTHONPATH=str(code)),
@@ -67,11 +72,17 @@ def start_proxy(code: Path, upstream: str) -> tuple[subprocess.Popen[bytes], int
     return process, port
 
 
-def cpu_seconds(pid: int) -> float:
-    """The process's CPU time so far, user and system (``/proc/<pid>/stat``)."""
+def cpu_split(pid: int) -> tuple[float, float]:
+    """The process's user and system CPU time so far, in seconds (``/proc/<pid>/stat``)."""
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    """The process's CPU time so far, user and system."""
+    return sum(cpu_split(pid))
 
 
 def main() -> None:

@@ -13,14 +13,13 @@ the floor, and each process's user and system CPU time per call (``/proc``, 10 m
 
 from __future__ import annotations
 
-import os
 import shlex
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from bench.builds import DATA
+from bench.builds import DATA, cpu_split, start_proxy
 from bench.common import (
     BENCH_DB,
     WIDE_TABLE,
@@ -32,36 +31,9 @@ from bench.common import (
     start_metastore,
 )
 from proxy import idl
-from tests.rig.ports import free_port, wait_for_port
+from tests.rig.ports import wait_for_port
 
 BATCH = 1000
-
-
-def cpu_split(pid: int) -> tuple[float, float]:
-    """The process's user and system CPU time so far, in seconds."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
-
-
-def start(code: str, extra: str, upstream: str) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            *("-m", "proxy", "serve", "--upstream", upstream),
-            *("--listen", f"127.0.0.1:{port}"),
-            *("--metrics-listen", f"127.0.0.1:{free_port()}"),
-            *("--admin-listen", f"127.0.0.1:{free_port()}"),
-            *("--log-level", "warning", "--memory-cache-bytes", "1GiB", "--ttl-table", "3600"),
-            *shlex.split(extra),
-        ],
-        cwd=code,
-        env=dict(os.environ, PYTHONPATH=code),
-    )
-    wait_for_port(port, 60, alive=lambda: process.poll() is None)
-    return process, port
 
 
 def main() -> None:
@@ -75,10 +47,12 @@ def main() -> None:
     try:
         ensure_wide_table(hms, 10_000)
         request = idl.encode_call("get_table", 1, dbname=BENCH_DB, tbl_name=WIDE_TABLE)
-        a, a_port = start(str(Path(a_code).resolve()), a_flags, hms.uri)
+        a, a_port = start_proxy(Path(a_code).resolve(), hms.uri, shlex.split(a_flags))
         processes.append(a)
-        b, b_port = start(str(Path(b_code).resolve()), b_flags, hms.uri)
+        wait_for_port(a_port, 60, alive=lambda: a.poll() is None)
+        b, b_port = start_proxy(Path(b_code).resolve(), hms.uri, shlex.split(b_flags))
         processes.append(b)
+        wait_for_port(b_port, 60, alive=lambda: b.poll() is None)
         floor = ReplayFloor(
             [(request, reply_bytes(TimedConnection(hms.port), request))], "uvloop", DATA / "floor"
         )
