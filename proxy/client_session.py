@@ -425,15 +425,13 @@ class ClientSession:
         partial = self.requests.buffered > 0
         if partial:
             timeout: float | None = self._message_deadline - loop.time()
-            reason = "timeout"
         else:
             timeout = self.options.client_idle_timeout or None
-            reason = "idle"
         try:
             data = await self._read_within(timeout, partial)
         except TimeoutError:
-            self.server.metrics.client_errors.labels(reason).inc()
             if partial:
+                self.server.metrics.client_errors.labels("timeout").inc()
                 log.warning(
                     "%s: closing connection: request incomplete after %g s (%d bytes received)",
                     self.state.peer,
@@ -441,11 +439,7 @@ class ClientSession:
                     self.requests.buffered,
                 )
             else:
-                log.info(
-                    "%s: closing connection idle for %g s",
-                    self.state.peer,
-                    self.options.client_idle_timeout,
-                )
+                self.idle_out(self.options.client_idle_timeout)
             return None
         if not data:
             if partial:
