@@ -87,28 +87,30 @@ def test_a_write_through_another_proxy_is_seen_within_the_bound(
     raw.call("127.0.0.1", b.port, read)
     # An engine's long-lived connection to b, whose repeated call b answers again from
     # its last hit (proxy.handler.again): the same bound.
-    engine = raw.RawConnection("127.0.0.1", b.port)
-    engine.call(read)
-    engine.call(read)
-    delays = []
-    for round_ in range(5):
-        alter(a.port, sample, f"seen-{round_}")
-        acknowledged = time.monotonic()
-        direct = raw.call(hms.host, hms.port, read)
-        eventually(
-            lambda: engine.call(read) == direct,  # noqa: B023 (used at once)
-            MAX_LAG,
-            "the other proxy serving the write",
-            interval=0.002,
-        )
-        delays.append(time.monotonic() - acknowledged)
-        assert raw.call("127.0.0.1", b.port, read) == direct
-        # ... and hits resume from process memory on b.
-        local = local_reads(b)
+    with raw.RawConnection("127.0.0.1", b.port) as engine:
         engine.call(read)
         engine.call(read)
-        assert local_reads(b) > local
-    engine.close()
+        delays = []
+        for round_ in range(5):
+            alter(a.port, sample, f"seen-{round_}")
+            acknowledged = time.monotonic()
+            direct = raw.call(hms.host, hms.port, read)
+            eventually(
+                lambda: engine.call(read) == direct,  # noqa: B023 (used at once)
+                MAX_LAG,
+                "the other proxy serving the write",
+                interval=0.002,
+            )
+            delays.append(time.monotonic() - acknowledged)
+            assert raw.call("127.0.0.1", b.port, read) == direct
+            # ... and hits resume from process memory on b. Not always the next two: the
+            # alter's notification event, applied by the follower a moment later, may
+            # invalidate the fill once more (then a miss, and a hit that reads Redis once).
+            local = local_reads(b)
+            eventually(
+                lambda: engine.call(read) == direct and local_reads(b) > local,  # noqa: B023
+                what="in-process hits on b again",
+            )
     print(f"seen through the other proxy after {[round(d * 1000, 1) for d in delays]} ms")
 
 
@@ -142,25 +144,28 @@ def test_a_cut_stream_serves_no_in_process_hit_until_resubscribed(
     eventually(lambda: trusted(a) and trusted(b), what="both streams delivering")
     read = table_read(sample)
     admin = redis.Redis.from_url(own_redis.url)
-    engine = raw.RawConnection("127.0.0.1", b.port)  # (its repeats answered again)
-    for round_ in range(3):
-        raw.call("127.0.0.1", b.port, read)
-        raw.call("127.0.0.1", b.port, read)
-        engine.call(read)
-        engine.call(read)
-        # Both streams are cut; the write lands while b hears nothing from Redis.
-        assert admin.client_kill_filter(_type="pubsub") >= 2
-        alter(a.port, sample, f"cut-{round_}")
-        direct = raw.call(hms.host, hms.port, read)
-        assert engine.call(read) == direct
-        assert raw.call("127.0.0.1", b.port, read) == direct
-        eventually(lambda: trusted(b), what="b's stream back")
-    engine.close()
+    with raw.RawConnection("127.0.0.1", b.port) as engine:  # (its repeats answered again)
+        for round_ in range(3):
+            raw.call("127.0.0.1", b.port, read)
+            raw.call("127.0.0.1", b.port, read)
+            engine.call(read)
+            engine.call(read)
+            # Both streams are cut; the write lands while b hears nothing from Redis.
+            assert admin.client_kill_filter(_type="pubsub") >= 2
+            alter(a.port, sample, f"cut-{round_}")
+            direct = raw.call(hms.host, hms.port, read)
+            assert engine.call(read) == direct
+            assert raw.call("127.0.0.1", b.port, read) == direct
+            eventually(lambda: trusted(b), what="b's stream back")
     assert b.metric("hmsproxy_redis_tracking_resyncs_total", reason="stream_lost") >= 3
+    # In-process hits again after the resubscription (not always the next call: the last
+    # alter's notification event, applied by the follower a moment later, may invalidate
+    # the fill once more).
     local = local_reads(b)
-    raw.call("127.0.0.1", b.port, read)
-    raw.call("127.0.0.1", b.port, read)
-    assert local_reads(b) > local  # in-process hits again after the resubscription
+    eventually(
+        lambda: raw.call("127.0.0.1", b.port, read) == direct and local_reads(b) > local,
+        what="in-process hits on b again",
+    )
 
 
 def test_a_stalled_stream_sends_hits_to_redis(
