@@ -40,8 +40,9 @@ class ThriftServer:
         self.acceptor = acceptor  # SASL (--client-auth kerberos): who each engine is
         self._server: asyncio.Server | None = None
         self._sessions: set[ClientSession] = set()
-        # Connections served by a task from the start (SASL, refused at the limit).
-        self._starting: set[asyncio.Task[None]] = set()
+        # Connections served by a task from the start (SASL, refused at the limit), with
+        # their writers: a stop closes those with no session yet.
+        self._starting: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         # Calls sent as they arrived, being finished the ordinary way (see ClientSession).
         self.finishing: set[asyncio.Task[None]] = set()
         self._negotiating = 0  # connections in their SASL negotiation
@@ -127,7 +128,7 @@ class ThriftServer:
         if self.acceptor is not None or (limit and len(self._sessions) >= limit):
             _, reader, writer = open_streams(transport, protocol.loop)
             task = protocol.loop.create_task(self.serve_client(reader, writer))
-            self._starting.add(task)
+            self._starting[task] = writer
             task.add_done_callback(functools.partial(self._served, writer))
             return
         transport.set_write_buffer_limits(high=WRITE_SLICE, low=WRITE_SLICE // 4)
@@ -139,7 +140,7 @@ class ThriftServer:
 
     def _served(self, writer: asyncio.StreamWriter, task: asyncio.Task[None]) -> None:
         """A connection's task from the start has ended (a bug in it: logged, closed)."""
-        self._starting.discard(task)
+        self._starting.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             log.error(
                 "%s: internal error serving the connection",
@@ -277,11 +278,13 @@ class ThriftServer:
     async def stop(self, drain_timeout: float) -> None:
         """Stop accepting, let calls in flight finish (up to ``drain_timeout``), close the rest."""
         self.stopping = True
-        until = asyncio.get_running_loop().time() + drain_timeout
+        loop = asyncio.get_running_loop()
+        until = loop.time() + drain_timeout
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
+        unsessioned = self._close_unsessioned()
         for session in list(self._sessions):
             session.keep_again(None)
             if not session.busy:
@@ -303,10 +306,22 @@ class ThriftServer:
                     session.end()  # (its call in flight is abandoned)
             await asyncio.gather(*tasks, return_exceptions=True)
         if self.finishing:  # (their sessions ended first: nothing waited for them)
-            left = max(0.0, until - asyncio.get_running_loop().time())
+            left = max(0.0, until - loop.time())
             _, pending = await asyncio.wait(self.finishing, timeout=left)
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(*unsessioned, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
+
+    def _close_unsessioned(self) -> list[asyncio.Task[None]]:
+        """Close the connections that have no session yet, and cancel their tasks: those
+        negotiating SASL, and those over the limit waiting to be told so. Nothing of theirs
+        is in flight."""
+        sessions = {session.task for session in self._sessions}
+        cancelled = [task for task in self._starting if task not in sessions]
+        for task in cancelled:
+            self._starting[task].close()
+            task.cancel()
+        return cancelled

@@ -1,6 +1,7 @@
 """Sessions with no task (see proxy.protocols): a connection whose calls are
 answered as they arrive keeps the listener's promises (the idle timeout, the connection
-limit, a stop, the connection gauge) as a session with a task does. On a loopback port."""
+limit, a stop, the connection gauge) as a session with a task does; and a stop closes the
+connections with no session yet. On a loopback port."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ from thrift.Thrift import TApplicationException
 
 from proxy import client_session
 from proxy.protocols import StreamProtocol, TasklessProtocol
+from proxy.sasl.negotiation import Status, encode
+from proxy.server import ThriftServer
 from tests.rig.raw import seqid_of
+from tests.unit import test_sasl_edges as sasl_edges
+from tests.unit.inprocess import rig
 from tests.unit.scripted_hms import result_of, until
 from tests.unit.test_flight import serving, session_tasks
 from tests.unit.test_server_shortcut import DB, T, call_once, connect, get_table
@@ -82,6 +87,38 @@ def test_a_stop_closes_taskless_connections_at_once() -> None:
             await asyncio.wait_for(stopping, 30)
             assert not server._sessions and not r.sample("hmsproxy_client_connections")
             for client in clients:
+                await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_stop_closes_connections_that_have_no_session_yet() -> None:
+    """A connection negotiating SASL, and one over the limit waiting to be told so, are
+    served by a task from the start, with no session: a stop closes them at once (their
+    own timeout, an hour here, would be the only other end)."""
+
+    async def run() -> None:
+        async with rig(
+            listen="127.0.0.1:0", max_client_connections=2, client_message_timeout=3600
+        ) as r:
+            server = ThriftServer(r.options, r.handler, r.metrics, sasl_edges.acceptor())
+            await server.start()
+            port = server.ports[0]
+            negotiating = await connect(r, port)
+            await negotiating.send(encode(Status.START, b"GSSAPI") + encode(Status.OK, b"AP"))
+            reply = await asyncio.wait_for(negotiating.reader.read(100), 30)
+            assert reply.endswith(b"AP-REP")  # (the acceptor waits for the engine's next)
+            second = await connect(r, port)
+            await until(lambda: server._negotiating == 2, "the second negotiating")
+            over = await connect(r, port)  # the third: over the limit, nothing said yet
+            await until(lambda: len(server._starting) == 3, "its refusal waiting")
+            stopping = asyncio.create_task(server.stop(3600))
+            for client in (negotiating, second, over):
+                assert await asyncio.wait_for(client.reader.read(), 30) == b""
+            await asyncio.wait_for(stopping, 30)
+            assert not server._starting and server._negotiating == 0
+            assert r.sample("hmsproxy_client_errors_total", reason="connection_limit") == 1
+            for client in (negotiating, second, over):
                 await client.close()
 
     asyncio.run(run())
