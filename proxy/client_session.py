@@ -104,9 +104,8 @@ class ClientSession:
         self._streams: StreamProtocol | None = None
         self.declined = False  # the protocol tried the bytes its task reads next, in vain
         self.answered_at = 0.0  # when a request was last answered that way (idle clock)
-        self.again: Again | None = None  # the call answered last that way (see answer_now)
-        # What makes it, until the connection asks again (see asked_again).
-        self._again_from: tuple[Ready, bytes] | None = None
+        # The call answered last that way (see answer_now), as every connection shares it.
+        self.again: Again | None = None
         # A call only forwarded, sent as it arrived, whose reply has not gone out yet; and
         # what the session's task waits on meanwhile, if it has a request of its own.
         self.at_once = self.options.forward_at_once == "on"
@@ -120,22 +119,12 @@ class ClientSession:
         self._ending: asyncio.Future[None] | None = None  # what a stop waits on
 
     def keep_again(self, again: Again | None) -> None:
-        """Answer calls again with ``again`` from now on; the one before counts its answers."""
-        self._again_from = None
+        """Answer calls again with ``again`` from now on; the one before counts its answers,
+        unless it is still kept for every connection (then its counts wait for others:
+        settled at every connection's end, they cost ~4 us of each of Trino's calls)."""
         before, self.again = self.again, again
-        if before is not None:
+        if before is not None and before is not again and not before.kept:
             before.settle()
-
-    def asked_again(self) -> Again | None:
-        """The :class:`Again` of the call answered last at once, made now that the
-        connection asks something again: made with its answer, it cost ~5 us of each of
-        Trino's calls, which are never asked again on their connection."""
-        made = self._again_from
-        if made is None:
-            return None
-        self._again_from = None
-        self.again = again = self.server.handler.again(*made, self.client.transport)
-        return again
 
     @property
     def busy(self) -> bool:
@@ -156,7 +145,7 @@ class ClientSession:
             return False
         before = self.client.answered
         try:
-            answered = self._answer_looked_up(data)
+            answered = self._answer_looked_up(data, transport)
         except ClientGone as exc:
             log.debug("%s: connection ended: %s", self.state.peer, exc)
             self.close()  # the connection's end, or the session's read, then ends it
@@ -169,17 +158,24 @@ class ClientSession:
             self.answered_at = self.loop.time()
         return answered
 
-    def _answer_looked_up(self, data: bytes) -> bool:
+    def _answer_looked_up(self, data: bytes, stream: asyncio.WriteTransport) -> bool:
         handler = self.server.handler
+        answers = handler.answers
         transport = self.client.transport
-        if handler.cache is None:  # nothing is a hit: a call only forwarded may go at once
+        if answers is None:  # nothing is a hit: a call only forwarded may go at once
             return self._forward_now(data, None)
-        # A call the client made before, byte for byte but for the seqid, is known without
-        # finding its end or decoding it (the same bytes were one whole message then).
+        # A call made before, on any connection, byte for byte but for the seqid, is known
+        # without finding its end or decoding it (the same bytes were one whole message then),
+        # and answered again as it was, if it still may be (see proxy.handler.again).
         repeat = call_without_seqid(data, transport)
         ready: Ready | bool | None = False
         message: Message | None = None
+        kept = None
         if repeat is not None:
+            kept = answers.get(self.state, repeat[0])
+            if kept is not None and kept is not self.again and kept.answer(data, stream):
+                self.keep_again(kept)
+                return True
             ready = handler.serve_repeat_now(self.state, *repeat, self.client.write_at_once)
         if ready is False:  # not known by its bytes (None: known, and not answered at once)
             message = whole_message(data, transport, self.options.max_request_bytes)
@@ -188,8 +184,12 @@ class ClientSession:
             known = repeat[0] if repeat is not None else None
             ready = handler.serve_hit_now(self.state, message, self.client.write_at_once, known)
         if isinstance(ready, Ready):
-            self.keep_again(None)
-            self._again_from = (ready, data)  # (made if asked again: see asked_again)
+            if repeat is not None and (kept is None or kept.ready is not ready):
+                # (made once per hit judged, not per call: it cost ~5 us, docs/benchmarks.md)
+                kept = handler.again(ready, data, transport)
+                if kept is not None:
+                    answers.keep(self.state, repeat[0], kept)
+            self.keep_again(kept)
             return True
         self.keep_again(None)
         if ready is True:  # assembled from partitions, nothing to keep

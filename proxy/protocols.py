@@ -42,7 +42,7 @@ def answered_at_once(
     forwarded (:meth:`ClientSession.answer_now`). ``False``: nothing was done with it
     (and the session's task need not try it again: ``declined``)."""
     try:
-        again = session.again or session.asked_again()
+        again = session.again
         if again is not None and again.answer(data, transport):
             session.state.calls += 1
             session.answered_at = session.loop.time()

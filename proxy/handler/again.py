@@ -19,10 +19,11 @@ The session drops its :class:`Again` as soon as a call takes another way: that c
 change what this connection would be answered (``set_ugi``, a pinned connection).
 
 An answer is counted later, with the others of its :class:`Again` (:meth:`Again.settle`):
-every :data:`SETTLE_EVERY` answers, when the session drops it (another call, the
-connection's end, the proxy stopping), and before the metrics, the status page or the
-admin ``Stats`` are read (``Metrics.settle``), so a scrape includes every call answered
-before it. The entry's LRU place is kept then too, so an entry answered only this way
+every :data:`SETTLE_EVERY` answers, when it is no longer kept (:class:`Answers`) and a
+session drops it (another call, the connection's end, the proxy stopping), when
+:class:`Answers` lets it go, and before the metrics, the status page or the admin
+``Stats`` are read (``Metrics.settle``), so a scrape includes every call answered before
+it. The entry's LRU place is kept then too, so an entry answered only this way
 may be judged least recently used until the next settle (a scrape, at the latest): then
 it is looked up again. Counted one by one, the six counts after each write (two counters,
 the duration histogram, the store's and the status page's counts, the LRU's order)
@@ -41,7 +42,7 @@ import time
 from proxy.cache.engine import CacheEngine
 from proxy.cache.entry import Payload
 from proxy.cache.ready import Ready
-from proxy.handler.session import ClientGone
+from proxy.handler.session import ClientGone, SessionState
 from proxy.metrics import Metrics
 from proxy.upstream import result_outcome
 from proxy.wire.binary import reseq
@@ -57,6 +58,13 @@ JOIN_BELOW = 16 * 1024
 # Answers counted together (see the module's docstring). Kept under 257: CPython's small
 # ints, so counting to it allocates nothing.
 SETTLE_EVERY = 64
+
+# Calls kept to be answered again on any connection (see Answers), and what one costs beyond
+# the bytes of its request (kept twice: its key, and the parts it compares), the object, its
+# list of times, its place in the dict.
+KEPT_ANSWERS = 1024
+KEPT_ANSWER_BYTES = 4 << 20
+ANSWER_OVERHEAD = 1024
 
 
 def prepared(reply: Payload) -> tuple[bytes, Payload, str]:
@@ -83,6 +91,7 @@ class Again:
         "gone",
         "head",
         "invalidations",
+        "kept",
         "length",
         "ready",
         "requests",
@@ -122,6 +131,7 @@ class Again:
         seen = cache.whole.seen
         self.seen = seen.looked_up if seen is not None and ready.table is not None else None
         self.touch = cache.l1.touch
+        self.kept = False  # by Answers, which counts its answers (see keep)
         # Answers not counted yet, and how long each took (see settle).
         self.tally = 0
         self.spent = [0.0] * SETTLE_EVERY
@@ -192,3 +202,57 @@ class Again:
         observe = self.duration.observe
         for spent in self.spent[:tally]:
             observe(spent)
+
+
+class Answers:
+    """The :class:`Again` of each call answered at once lately, by the call's bytes but for
+    its seqid (and, when the cache is per user, whose entries it read), for any connection
+    to answer it again with. Trino opens a connection per call: a connection's own Again
+    would never be asked again, and each first call took the way through the memo of
+    requests, the plan and the entry (~10 us of Python a call in a busy process, against
+    ~3 this way: docs/benchmarks.md). At most :data:`KEPT_ANSWERS` calls and
+    :data:`KEPT_ANSWER_BYTES`: the oldest kept goes first, its answers counted. A connection
+    with its own metastore connection (pinned) reads none: its calls are never answered at
+    once."""
+
+    def __init__(self, per_user: bool) -> None:
+        self.per_user = per_user
+        self._kept: dict[tuple[bytes | None, bytes], Again] = {}
+        self.bytes = 0
+
+    def _key(self, session: SessionState, repeat: bytes) -> tuple[bytes | None, bytes]:
+        return (session.cache_identity if self.per_user else None, repeat)
+
+    def get(self, session: SessionState, repeat: bytes) -> Again | None:
+        """The Again kept for ``repeat`` (see framing.call_without_seqid) as ``session`` would
+        read it; ``None``: none kept, or not for this session."""
+        if session.pinned is not None:
+            return None
+        return self._kept.get(self._key(session, repeat))
+
+    def keep(self, session: SessionState, repeat: bytes, again: Again) -> None:
+        """Keep ``again`` for ``repeat``, in place of the one kept before (counted first)."""
+        key = self._key(session, repeat)
+        kept = self._kept
+        before = kept.pop(key, None)
+        if before is not None:
+            self._drop(before)
+        kept[key] = again
+        again.kept = True
+        self.bytes += 2 * again.length + ANSWER_OVERHEAD
+        while len(kept) > KEPT_ANSWERS or self.bytes > KEPT_ANSWER_BYTES:
+            self._drop(kept.pop(next(iter(kept))))
+
+    def _drop(self, again: Again) -> None:
+        again.kept = False
+        again.settle()
+        self.bytes -= 2 * again.length + ANSWER_OVERHEAD
+
+    def settle(self) -> None:
+        """Count every answer not counted yet (see :meth:`Again.settle`)."""
+        for again in self._kept.values():
+            again.settle()
+
+    def footprint(self) -> tuple[int, int]:
+        """(calls kept, their bytes) for /metrics (hmsproxy_memo_bytes)."""
+        return len(self._kept), self.bytes

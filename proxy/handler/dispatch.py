@@ -25,7 +25,7 @@ from proxy.cache.engine import CacheEngine
 from proxy.cache.ready import Ready
 from proxy.catalog import Kind
 from proxy.handler import again
-from proxy.handler.again import Again
+from proxy.handler.again import Again, Answers
 from proxy.handler.flight import Flight
 from proxy.handler.forward import Forwarder, Sent, fail, upstream_request
 from proxy.handler.identity import Identities
@@ -66,6 +66,10 @@ class CallHandler:
         self.forwarder = Forwarder(pool, metrics, pool.timeouts, keep_limit)
         self.identities = Identities(pool, self.forwarder)
         self._plain: dict[str, bool] = {}  # see forwards_plainly
+        # Calls answered at once, kept for any connection to answer again (see Answers).
+        self.answers = Answers(cache.planner.per_user) if cache is not None else None
+        if self.answers is not None:
+            metrics.settle_with(self.answers.settle)
         self.writes = (
             Writes(cache, self.forwarder, pool, check_iceberg_base=check_iceberg_base)
             if cache is not None

@@ -9,7 +9,7 @@ import contextlib
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -18,12 +18,16 @@ from proxy.cache import locks
 from proxy.cache.keys import Bump, TableRef
 from proxy.cache.ready import Ready
 from proxy.config import HostPort
+from proxy.handler import SessionState
+from proxy.handler import again as again_module
 from proxy.handler.again import JOIN_BELOW, SETTLE_EVERY
 from proxy.http import MetricsServer
 from proxy.server import ThriftServer
 from proxy.status import Activity
+from proxy.wire.framing import Transport, call_without_seqid, whole_message
 from tests.rig.raw import seqid_of
 from tests.unit.inprocess import Rig, rig
+from tests.unit.test_flight import serving
 from tests.unit.test_http import _get
 from tests.unit.test_server_shortcut import (
     DB,
@@ -31,6 +35,7 @@ from tests.unit.test_server_shortcut import (
     Counted,
     LookedUp,
     T,
+    call_once,
     connect,
     get_table,
     listening,
@@ -47,6 +52,20 @@ async def a_connection(
         client = await connect(r, port)
         try:
             yield r, counted, LookedUp(r.handler), client
+        finally:
+            await client.close()
+
+
+@contextlib.asynccontextmanager
+async def served(
+    **values: Any,
+) -> AsyncIterator[tuple[Rig, Counted, LookedUp, Client, ThriftServer]]:
+    """:func:`a_connection`, with its listener."""
+    async with serving(**values) as (r, counted, port, server):
+        r.hms.add_table(DB, T, v="1")
+        client = await connect(r, port)
+        try:
+            yield r, counted, LookedUp(r.handler), client, server
         finally:
             await client.close()
 
@@ -213,14 +232,18 @@ def test_a_call_that_takes_another_way_ends_it() -> None:
     # whose cache a per-user deployment reads, setMetaConf a connection to the metastore of
     # its own, which reads no cache at all. Either ends what is answered again.
     async def run() -> None:
-        async with a_connection(per_user=True) as (r, _, looked_up, client):
+        async with served(per_user=True) as (r, _, looked_up, client, server):
             await client.call(idl.encode_call("set_ugi", 1, user_name="alice", group_names=[]))
             for seqid in (2, 3, 4):
                 assert await client.call(get_table(seqid)) == answer(r, seqid)
             assert looked_up.calls == 1  # the fourth was answered again
             await client.call(idl.encode_call("set_ugi", 5, user_name="bob", group_names=[]))
+            (session,) = server._sessions
+            assert session.again is None  # ended by the set_ugi
             assert await client.call(get_table(6)) == answer(r, 6)
-            assert looked_up.calls == 2  # looked up (this metastore kept alice: her entry)
+            # This metastore kept alice (a second set_ugi is refused): her entry, and the
+            # answer kept for her call, with no look-up.
+            assert looked_up.calls == 1 and session.again is not None
             conf = {"key": "hive.metastore.batch.retrieve.max", "value": "7"}
             await client.call(idl.encode_call("setMetaConf", 7, **conf))
             for seqid in (8, 9):
@@ -233,17 +256,22 @@ def test_a_call_that_takes_another_way_ends_it() -> None:
 def test_calls_sent_together_are_not_answered_again() -> None:
     # Two requests in one segment are not the one call it knows: the ordinary way, in order.
     async def run() -> None:
-        async with a_connection() as (r, counted, looked_up, client):
+        async with served() as (r, counted, _, client, server):
             for seqid in (1, 2, 3):
                 await client.call(get_table(seqid))
             assert _counted(r)[1] == 1  # (the third, answered again, not counted yet)
             await client.send(get_table(4) + get_table(5))
             assert [seqid_of(await client.reply()) for _ in range(2)] == [4, 5]
             assert counted.calls == 3
-            # Those bytes went the ordinary way: the Again was dropped, its answer counted.
-            await _until(lambda: _counted(r)[1] == 4)
+            # Those bytes went the ordinary way: the session dropped the Again, whose
+            # answer is counted with the others it gives (kept for every connection), by a
+            # scrape at the latest.
+            (session,) = server._sessions
+            assert session.again is None
+            assert _counted(r)[1] == 3
+            assert r.sample("hmsproxy_cache_lookups_total", method="get_table", result="hit") == 4
             assert await client.call(get_table(6)) == answer(r, 6)
-            assert looked_up.calls == 2  # looked up again after the ordinary way
+            assert session.again is not None  # the answer kept for the call, once more
 
     asyncio.run(run())
 
@@ -271,11 +299,11 @@ def test_a_stopping_server_answers_nothing_again() -> None:
     asyncio.run(run())
 
 
-def test_what_answers_again_is_made_only_when_the_connection_asks_again(
+def test_what_answers_again_is_made_once_per_hit_and_shared_by_every_connection(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Trino asks one call per connection: nothing is made for a next call that never
-    comes, and what is made when one does answers it."""
+    """Trino asks one call per connection: what answers a call again is made once, with
+    the hit that answered it, and answers it on the connections that follow and on its own."""
     made = []
 
     async def run() -> None:
@@ -288,23 +316,101 @@ def test_what_answers_again_is_made_only_when_the_connection_asks_again(
                 return make(*args)
 
             monkeypatch.setattr(r.handler, "again", counted)
+            looked_up = LookedUp(r.handler)
             await server.start()
             try:
                 r.hms.add_table(DB, T, v="1")
-                client = await connect(r, server.ports[0])
-                await client.call(get_table(1))  # cached
-                await client.call(get_table(2))  # a hit, answered at once
+                port = server.ports[0]
+                assert await call_once(r, port, get_table(1)) == answer(r, 1)  # cached
+                assert await call_once(r, port, get_table(2)) == answer(r, 2)  # a hit
+                assert made == [get_table(2)] and looked_up.calls == 1
+                for seqid in (3, 4):  # connections of their own: answered as the second was
+                    assert await call_once(r, port, get_table(seqid)) == answer(r, seqid)
+                client = await connect(r, port)
+                assert await client.call(get_table(5)) == answer(r, 5)
+                assert await client.call(get_table(6)) == answer(r, 6)  # and on its own
                 (session,) = server._sessions
-                assert made == [] and session.again is None
-                assert await client.call(get_table(3)) == answer(r, 3)  # answered again
-                assert made == [get_table(2)] and session.again is not None
-                assert await client.call(get_table(4)) == answer(r, 4)
-                assert len(made) == 1
+                assert session.again is r.handler.answers.get(session.state, repeat_of(2))
+                assert len(made) == 1 and looked_up.calls == 1
                 await client.close()
             finally:
                 await server.stop(0)
 
     asyncio.run(run())
+
+
+def test_kept_answers_keep_users_apart_none_for_a_pinned_session_and_stay_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def run() -> None:
+        async with rig(per_user=True) as r:
+            r.hms.add_table(DB, T, v="1")
+            r.hms.add_table(DB, "u", v="1")
+            alice, bob = SessionState("a", user="alice"), SessionState("b", user="bob")
+            pinned = SessionState("p", user="alice", pinned=cast(Any, object()))
+            answers = r.handler.answers
+            assert answers is not None
+            kept = []
+            for table in (T, "u"):
+                await r.call(alice, "get_table", 1, dbname=DB, tbl_name=table)  # cached
+            for table in (T, "u"):
+                data = idl.encode_call("get_table", 2, dbname=DB, tbl_name=table)
+                message = whole_message(data, Transport.BUFFERED, 1 << 20)
+                assert message is not None
+                ready = r.handler.serve_hit_now(alice, message, lambda _: None)
+                assert isinstance(ready, Ready)
+                again = r.handler.again(ready, data, Transport.BUFFERED)
+                assert again is not None
+                kept.append((call_without_seqid(data, Transport.BUFFERED), again))
+            (t_repeat, t_again), (u_repeat, u_again) = kept
+            assert t_repeat is not None and u_repeat is not None
+            answers.keep(alice, t_repeat[0], t_again)
+            assert answers.get(alice, t_repeat[0]) is t_again
+            assert answers.get(bob, t_repeat[0]) is None  # another user's cache
+            assert answers.get(pinned, t_repeat[0]) is None  # its calls go to the metastore
+            # An answer not counted yet is counted when its Again goes to make room.
+            written = Written()
+            before = _counted(r)
+            assert t_again.answer(get_table(3), written)  # type: ignore[arg-type]
+            assert _counted(r) == before and written.data == [answer(r, 3)]
+            monkeypatch.setattr(again_module, "KEPT_ANSWERS", 1)
+            answers.keep(alice, u_repeat[0], u_again)
+            assert answers.get(alice, t_repeat[0]) is None
+            assert answers.get(alice, u_repeat[0]) is u_again
+            assert _counted(r) == tuple(n + 1 for n in before)
+            entries, size = answers.footprint()
+            assert entries == 1 and 2 * len(get_table(3)) < size < 4096
+            # Bounded in bytes too.
+            monkeypatch.setattr(again_module, "KEPT_ANSWERS", 1024)
+            monkeypatch.setattr(again_module, "KEPT_ANSWER_BYTES", size)
+            answers.keep(alice, t_repeat[0], t_again)
+            assert answers.get(alice, u_repeat[0]) is None
+            assert answers.get(alice, t_repeat[0]) is t_again
+            assert answers.footprint()[0] == 1
+
+    asyncio.run(run())
+
+
+class Written:
+    """A transport that keeps what is written to it, with nothing waiting."""
+
+    def __init__(self) -> None:
+        self.data: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.data.append(data)
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def repeat_of(seqid: int) -> bytes:
+    repeat = call_without_seqid(get_table(seqid), Transport.BUFFERED)
+    assert repeat is not None
+    return repeat[0]
 
 
 def test_what_a_connection_keeps_to_answer_again_goes_with_the_in_process_copy() -> None:
@@ -385,9 +491,13 @@ def test_answers_again_are_counted_together_and_all_of_them_by_a_scrape() -> Non
                 for seqid in range(6, 6 + SETTLE_EVERY + 2):
                     assert await client.call(get_table(seqid)) == answer(r, seqid)
                 assert _counted(r) == (5 + SETTLE_EVERY, 4 + SETTLE_EVERY, 4 + SETTLE_EVERY)
-                # And when another call takes its place: the 2 left, counted.
+                # Another call takes its place on the connection: the 2 left wait, as the
+                # Again is kept for every connection; a scrape counts them.
                 r.hms.add_table(DB, "u", v="1")
                 await client.call(idl.encode_call("get_table", 99, dbname=DB, tbl_name="u"))
+                ok, hits, _ = _counted(r)
+                assert (ok, hits) == (5 + SETTLE_EVERY + 1, 4 + SETTLE_EVERY)
+                r.metrics.settle()
                 ok, hits, _ = _counted(r)
                 assert (ok, hits) == (5 + SETTLE_EVERY + 2 + 1, 4 + SETTLE_EVERY + 2)
                 assert (counted.calls, looked_up.calls) == (2, 1)
@@ -397,40 +507,37 @@ def test_answers_again_are_counted_together_and_all_of_them_by_a_scrape() -> Non
     asyncio.run(run())
 
 
-def test_answers_again_are_counted_when_their_connection_ends() -> None:
+def test_answers_again_are_counted_when_their_connection_ends_if_no_longer_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A connection still answers its last call with an Again that Answers let go (counted
+    # as it went); the answers it gives after that are counted when its connection ends.
     async def run() -> None:
         async with listening() as (r, _, port):
             r.hms.add_table(DB, T, v="1")
+            r.hms.add_table(DB, "u", v="1")
+            other = [idl.encode_call("get_table", s, dbname=DB, tbl_name="u") for s in (1, 2)]
+            await call_once(r, port, other[0])  # u cached
             client = await connect(r, port)
             for seqid in range(1, 6):
                 await client.call(get_table(seqid))
-            assert _counted(r) == (2, 1, 1)
+            assert _counted(r) == (3, 1, 1)
+            monkeypatch.setattr(again_module, "KEPT_ANSWERS", 1)
+            await call_once(r, port, other[1])  # a hit on u: kept in t's place
+            assert _counted(r) == (7, 5, 5)  # t's 3 counted as its Again went (u's hit too)
+            for seqid in (6, 7):
+                assert await client.call(get_table(seqid)) == answer(r, seqid)
+            assert _counted(r) == (7, 5, 5)
             await client.close()
-            await _until(lambda: _counted(r) == (5, 4, 4))  # (once the session reads the close)
-
-    asyncio.run(run())
-
-
-def test_answers_again_are_counted_when_another_hit_takes_their_place() -> None:
-    async def run() -> None:
-        async with a_connection() as (r, _, looked_up, client):
-            r.hms.add_table(DB, "u", v="1")
-            other = [idl.encode_call("get_table", s, dbname=DB, tbl_name="u") for s in (1, 2)]
-            for request in other:  # u cached and judged
-                await client.call(request)
-            for seqid in range(1, 6):  # t: a miss, a hit, answered again 3 times
-                await client.call(get_table(seqid))
-            assert _counted(r)[1] == 2  # (1 of u, 1 of t: the 3 not counted yet)
-            await client.call(other[0])  # a hit looked up: its Again takes t's place
-            assert looked_up.calls == 3
-            assert _counted(r)[1] == 6  # t's 3 counted then (the new hit too)
+            await _until(lambda: _counted(r) == (9, 7, 7))  # (once the session reads the close)
 
     asyncio.run(run())
 
 
 def test_a_bug_in_counting_loses_those_counts_only(caplog: pytest.LogCaptureFixture) -> None:
-    # Counting runs where a session drops its Again and where its connection ends: a bug
-    # there must not leave a call unanswered or a session behind.
+    # Counting runs where a session drops its Again, where its connection ends and before
+    # a scrape: a bug there must not leave a call unanswered, a session behind, or a
+    # scrape unanswered.
     async def run() -> None:
         async with a_connection() as (r, _, _, client):
             assert r.cache is not None
@@ -448,6 +555,8 @@ def test_a_bug_in_counting_loses_those_counts_only(caplog: pytest.LogCaptureFixt
             other = idl.encode_call("get_table", 9, dbname=DB, tbl_name="u")
             reply = await asyncio.wait_for(client.call(other), 30)  # answered all the same
             assert reply == r.hms.answer("get_table", 9, dbname=DB, tbl_name="u")
+            r.metrics.settle()  # (as a scrape does: it goes on)
             assert "counting 3 calls answered again" in caplog.text
+            assert await client.call(get_table(10)) == answer(r, 10)
 
     asyncio.run(run())

@@ -222,7 +222,7 @@ def test_every_memo_is_on_metrics_with_the_bytes_it_counts() -> None:
         before = scraped(metrics)
         assert {memo for _, memo in before} == {
             "cache", "plans", "redis_commands", "set_ugi_replies", "dictionaries",
-            "lock_fences", "fingerprints",
+            "lock_fences", "fingerprints", "answers",
         }  # fmt: skip
         for i in range(10):
             proxy.cache.plan_read(spec, message("get_table", padded_get_table(i, 10)), None)
