@@ -29,6 +29,7 @@ from proxy.handler.again import Again
 from proxy.handler.flight import Flight
 from proxy.handler.forward import Sent
 from proxy.handler.identity import authenticated_identity
+from proxy.handler.session import PeerName
 from proxy.protocols import READ_SIZE, StreamProtocol, TasklessProtocol, open_streams
 from proxy.sasl.server import Authenticated
 from proxy.sasl.stream import ByteReader, ByteWriter
@@ -76,7 +77,7 @@ class ClientSession:
         self.options = server.options
         self.reader = reader
         self.writer = writer
-        self.state = SessionState(peer=peer_name(transport))
+        self.state = SessionState(peer=PeerName(transport))
         if authenticated is not None:
             self.reader, self.writer = authenticated.reader, authenticated.writer
             self.state.user = authenticated.user

@@ -12,6 +12,7 @@ import pytest
 from thrift.Thrift import TApplicationException
 
 from proxy import client_session
+from proxy.handler.session import PeerName
 from proxy.protocols import StreamProtocol, TasklessProtocol
 from proxy.sasl.negotiation import Status, encode
 from proxy.server import ThriftServer
@@ -171,3 +172,32 @@ def test_a_pause_of_writing_before_the_streams_holds_after_them() -> None:
             await client.close()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_sessions_address_for_the_log_is_made_when_written_and_holds_after_the_close(
+    loop: str,
+) -> None:
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+
+    async def run() -> None:
+        async with serving() as (r, _counted, port, server):
+            r.hms.add_table(DB, T, v="1")
+            client = await connect(r, port)
+            assert seqid_of(await client.call(get_table(1))) == 1
+            (session,) = server._sessions
+            peer = session.state.peer
+            assert isinstance(peer, PeerName) and peer._name is None  # (not made yet)
+            host, client_port = client.writer.get_extra_info("sockname")
+            await client.close()
+            await until(lambda: session.over, "the session's end")
+            assert str(peer) == f"{host}:{client_port}"
+
+    if loop == "uvloop":
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(run())
+    else:
+        asyncio.run(run())
