@@ -94,9 +94,9 @@ def test_a_stop_closes_taskless_connections_at_once() -> None:
 
 
 def test_a_stop_closes_connections_that_have_no_session_yet() -> None:
-    """A connection negotiating SASL, and one over the limit waiting to be told so, are
-    served by a task from the start, with no session: a stop closes them at once (their
-    own timeout, an hour here, would be the only other end)."""
+    """Connections negotiating SASL are served by a task from the start, with no session
+    yet: a stop closes them at once (their own negotiation timeout, an hour here, would
+    be the only other end) and has ended their tasks when it returns."""
 
     async def run() -> None:
         async with rig(
@@ -111,15 +111,38 @@ def test_a_stop_closes_connections_that_have_no_session_yet() -> None:
             assert reply.endswith(b"AP-REP")  # (the acceptor waits for the engine's next)
             second = await connect(r, port)
             await until(lambda: server._negotiating == 2, "the second negotiating")
-            over = await connect(r, port)  # the third: over the limit, nothing said yet
-            await until(lambda: len(server._starting) == 3, "its refusal waiting")
             stopping = asyncio.create_task(server.stop(3600))
-            for client in (negotiating, second, over):
+            for client in (negotiating, second):
                 assert await asyncio.wait_for(client.reader.read(), 30) == b""
             await asyncio.wait_for(stopping, 30)
             assert not server._starting and server._negotiating == 0
+            for client in (negotiating, second):
+                await client.close()
+
+    asyncio.run(run())
+
+
+def test_a_stop_closes_a_connection_over_the_limit_still_waiting_to_be_refused() -> None:
+    """A plain connection over the limit waits (up to 5 s) for its first call, to be told
+    why it is refused: a stop closes it at once, and has ended its task when it returns."""
+
+    async def run() -> None:
+        async with serving(max_client_connections=1, client_message_timeout=3600) as (
+            r,
+            _counted,
+            port,
+            server,
+        ):
+            r.hms.add_table(DB, T, v="1")
+            held = await connect(r, port)
+            assert seqid_of(await held.call(get_table(1))) == 1  # the one session
+            over = await connect(r, port)  # nothing said: its refusal waits for a call
+            await until(lambda: len(server._starting) == 1, "its refusal waiting")
+            await asyncio.wait_for(server.stop(3600), 30)
+            assert not server._starting  # (ended, not left to its own 5 s)
+            assert await asyncio.wait_for(over.reader.read(), 30) == b""
             assert r.sample("hmsproxy_client_errors_total", reason="connection_limit") == 1
-            for client in (negotiating, second, over):
+            for client in (held, over):
                 await client.close()
 
     asyncio.run(run())
