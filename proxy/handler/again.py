@@ -1,9 +1,10 @@
-"""A hit answered at once, answered again on its connection with no look-up at all.
+"""A hit answered at once, answered again, on its connection or any other, with no look-up.
 
 Engines ask the same thing again and again on one connection (Spark's ``get_table`` while
-it plans a query, a pooled connection's look-ups of one table). The call a connection had
-answered last at once (see :meth:`.dispatch.CallHandler.serve_hit_now`) is kept as an
-:class:`Again`: the next request is compared with it in place, its bytes but for the seqid,
+it plans a query, a pooled connection's look-ups of one table), or on a new connection each
+time (Trino). A call answered at once (see :meth:`.dispatch.CallHandler.serve_hit_now`) is
+kept as an :class:`Again`, by its connection and for every connection (:class:`Answers`):
+the next request is compared with it in place, its bytes but for the seqid,
 and answered while the hit that answered it holds (the store's version generation it was
 judged under, the versions in process trusted, before the entry's expiry, its in-process
 copy still kept, no invalidation pending: see :class:`proxy.cache.ready.Ready`), with the
@@ -23,9 +24,9 @@ every :data:`SETTLE_EVERY` answers, when it is no longer kept (:class:`Answers`)
 session drops it (another call, the connection's end, the proxy stopping), when
 :class:`Answers` lets it go, and before the metrics, the status page or the admin
 ``Stats`` are read (``Metrics.settle``), so a scrape includes every call answered before
-it. The entry's LRU place is kept then too, so an entry answered only this way
-may be judged least recently used until the next settle (a scrape, at the latest): then
-it is looked up again. Counted one by one, the six counts after each write (two counters,
+it. The entry's LRU place is kept at the first answer of each such batch: an entry
+answered only this way is as recent as that answer, at most 63 answers old. Counted one
+by one, the six counts after each write (two counters,
 the duration histogram, the store's and the status page's counts, the LRU's order)
 touched as many objects the machine had evicted from its caches meanwhile: ~20 us of a
 ~55 us answer with all of them evicted, in process (``bench.again_steps``,
@@ -38,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from array import array
 
 from proxy.cache.engine import CacheEngine
 from proxy.cache.entry import Payload
@@ -64,7 +66,7 @@ SETTLE_EVERY = 64
 # list of times, its place in the dict.
 KEPT_ANSWERS = 1024
 KEPT_ANSWER_BYTES = 4 << 20
-ANSWER_OVERHEAD = 1024
+ANSWER_OVERHEAD = 1536  # (measured: ~1,050 bytes, tests/unit/test_memo.py)
 
 
 def prepared(reply: Payload) -> tuple[bytes, Payload, str]:
@@ -134,7 +136,7 @@ class Again:
         self.kept = False  # by Answers, which counts its answers (see keep)
         # Answers not counted yet, and how long each took (see settle).
         self.tally = 0
-        self.spent = [0.0] * SETTLE_EVERY
+        self.spent = array("d", bytes(8 * SETTLE_EVERY))  # (unboxed: no float objects kept)
 
     def answer(self, data: bytes, transport: asyncio.WriteTransport) -> bool:
         """Answer ``data`` on ``transport`` if it is the same call, but for its seqid, and
@@ -173,6 +175,8 @@ class Again:
         # Counted later, with others (see the module's docstring).
         tally = self.tally
         self.spent[tally] = time.monotonic() - now
+        if not tally:  # (the entry's LRU place, once for the answers counted together)
+            self.touch(ready.key)
         self.tally = tally = tally + 1
         if tally == SETTLE_EVERY:
             self.settle()
@@ -180,7 +184,7 @@ class Again:
 
     def settle(self) -> None:
         """Count the answers not counted yet, as the ordinary way counts each hit (Count's
-        values in place); the entry's LRU place is kept once for them all. Never raises:
+        values in place; the entry's LRU place was kept at the first of them). Never raises:
         it runs where a session is dropped and before a scrape, which must go on."""
         tally = self.tally
         if not tally:
@@ -198,7 +202,6 @@ class Again:
         self.used_local(tally)
         if self.seen is not None:
             self.seen(ready.table, ready.seen_hit, tally)  # type: ignore[arg-type]  # (not None)
-        self.touch(ready.key)
         observe = self.duration.observe
         for spent in self.spent[:tally]:
             observe(spent)

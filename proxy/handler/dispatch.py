@@ -267,8 +267,9 @@ class CallHandler:
         return self._answer_now(cache, seqid, ready, write, started)
 
     def again(self, ready: Ready, request: bytes, transport: Transport) -> Again | None:
-        """What answers ``request`` again on its connection (its bytes but for the seqid the
-        same), while ``ready``, with which it was just answered, holds; ``None``: not a
+        """What answers ``request`` again, on its connection or any other (its bytes but for
+        the seqid the same), while ``ready``, with which it was just answered, holds (see
+        :class:`.again.Answers`); ``None``: not a
         call to know that way (see ``binary.seqid_offset``)."""
         at = seqid_offset(request, transport)
         if at is None or self.cache is None or ready.answer is None:

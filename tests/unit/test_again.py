@@ -288,8 +288,10 @@ def test_a_stopping_server_answers_nothing_again() -> None:
                     await client.call(get_table(seqid))
                 (session,) = server._sessions
                 assert session.again is not None  # the third was answered again
+                assert _counted(r) == (2, 1, 1)
                 await server.stop(5)
                 assert session.again is None
+                assert _counted(r) == (3, 2, 2)  # the answer kept counted by the stop
                 client.writer.write(get_table(4))
                 assert await asyncio.wait_for(client.reader.read(), 30) == b""  # closed
                 await client.close()
@@ -558,5 +560,27 @@ def test_a_bug_in_counting_loses_those_counts_only(caplog: pytest.LogCaptureFixt
             r.metrics.settle()  # (as a scrape does: it goes on)
             assert "counting 3 calls answered again" in caplog.text
             assert await client.call(get_table(10)) == answer(r, 10)
+
+    asyncio.run(run())
+
+
+def test_an_entry_answered_again_keeps_its_lru_place_from_the_first_answer() -> None:
+    # Its counts wait (up to 64 answers, or a scrape); its entry's place in the in-process
+    # front's LRU order does not: else a hot entry answered only this way would be the
+    # first one evicted.
+    async def run() -> None:
+        async with served() as (r, _, looked_up, client, server):
+            assert r.cache is not None
+            r.hms.add_table(DB, "u", v="1")
+            port = server.ports[0]
+            other = [idl.encode_call("get_table", s, dbname=DB, tbl_name="u") for s in (1, 2)]
+            await call_once(r, port, other[0])  # u cached
+            for seqid in (1, 2):  # t: a miss, a hit (its Again kept)
+                await client.call(get_table(seqid))
+            await call_once(r, port, other[1])  # u: a hit on another connection, last used
+            t_key, u_key = r.cache.l1._items  # (in LRU order: u last used)
+            assert await client.call(get_table(3)) == answer(r, 3)  # t answered again
+            assert list(r.cache.l1._items) == [u_key, t_key]
+            assert _counted(r)[1] == 2 and looked_up.calls == 2  # (its count waits)
 
     asyncio.run(run())

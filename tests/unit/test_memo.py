@@ -361,3 +361,49 @@ def test_one_request_never_takes_the_names_memo_past_its_bound(
     _held(l1, prefix, *names)
     assert variants.items(variant, names, l1.peek) is not None
     assert len(variant.found) <= variants.found_names <= 8
+
+
+def test_answers_kept_for_every_connection_count_what_they_hold() -> None:
+    # hmsproxy_memo_bytes{memo="answers"} and its 4 MiB bound rest on each kept Again's
+    # bytes as Answers counts them: no less than what the Again and its place hold.
+    import gc
+    import tracemalloc
+
+    from proxy.cache.ready import Ready
+    from proxy.handler import SessionState
+    from proxy.wire.framing import Transport, call_without_seqid, whole_message
+    from tests.unit.inprocess import rig
+
+    async def run() -> None:
+        async with rig() as r:
+            answers = r.handler.answers
+            assert answers is not None
+            shared = SessionState("shared")
+            made = []
+            for i in range(500):  # negative entries: a small reply each
+                await r.call(shared, "get_table", 1, dbname="db", tbl_name=f"missing_{i:05d}")
+            for i in range(500):
+                data = idl.encode_call("get_table", 2, dbname="db", tbl_name=f"missing_{i:05d}")
+                found = whole_message(data, Transport.BUFFERED, 1 << 20)
+                repeat = call_without_seqid(data, Transport.BUFFERED)
+                assert found is not None and repeat is not None
+                ready = r.handler.serve_hit_now(shared, found, lambda reply: None)
+                assert isinstance(ready, Ready)
+                made.append((data, repeat[0], ready))
+            gc.collect()
+            tracemalloc.start()
+            before = tracemalloc.take_snapshot()
+            for data, repeat, ready in made:
+                again = r.handler.again(ready, data, Transport.BUFFERED)
+                assert again is not None
+                answers.keep(shared, repeat, again)
+            del again, data, repeat, ready
+            gc.collect()
+            after = tracemalloc.take_snapshot()
+            tracemalloc.stop()
+            held = sum(d.size_diff for d in after.compare_to(before, "filename"))
+            entries, counted = answers.footprint()
+            assert entries == 500
+            assert 0 < held <= counted, (held / 500, counted / 500)
+
+    asyncio.run(run())
