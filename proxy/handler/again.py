@@ -87,6 +87,7 @@ class Again:
 
     __slots__ = (
         "after",
+        "asked",
         "at",
         "before",
         "duration",
@@ -134,6 +135,7 @@ class Again:
         self.seen = seen.looked_up if seen is not None and ready.table is not None else None
         self.touch = cache.l1.touch
         self.kept = False  # by Answers, which counts its answers (see keep)
+        self.asked = False  # answered since Answers kept it, or last passed it over
         # Answers not counted yet, and how long each took (see settle).
         self.tally = 0
         self.spent = array("d", bytes(8 * SETTLE_EVERY))  # (unboxed: no float objects kept)
@@ -173,6 +175,7 @@ class Again:
             transport.close()
             raise ClientGone(f"client connection lost: {exc}") from exc
         # Counted later, with others (see the module's docstring).
+        self.asked = True
         tally = self.tally
         self.spent[tally] = time.monotonic() - now
         if not tally:  # (the entry's LRU place, once for the answers counted together)
@@ -214,9 +217,10 @@ class Answers:
     would never be asked again, and each first call took the way through the memo of
     requests, the plan and the entry (~10 us of Python a call in a busy process, against
     ~3 this way: docs/benchmarks.md). At most :data:`KEPT_ANSWERS` calls and
-    :data:`KEPT_ANSWER_BYTES`: the oldest kept goes first, its answers counted. A connection
-    with its own metastore connection (pinned) reads none: its calls are never answered at
-    once."""
+    :data:`KEPT_ANSWER_BYTES`: the oldest kept goes first, its answers counted, unless it was
+    answered since it was kept or last passed over (a second chance, at the back: calls
+    asked once do not push out those asked all the time). A connection with its own
+    metastore connection (pinned) reads none: its calls are never answered at once."""
 
     def __init__(self, per_user: bool) -> None:
         self.per_user = per_user
@@ -240,11 +244,26 @@ class Answers:
         before = kept.pop(key, None)
         if before is not None:
             self._drop(before)
+        cost = 2 * again.length + ANSWER_OVERHEAD
+        while kept and (len(kept) >= KEPT_ANSWERS or self.bytes + cost > KEPT_ANSWER_BYTES):
+            self._let_one_go()
         kept[key] = again
         again.kept = True
-        self.bytes += 2 * again.length + ANSWER_OVERHEAD
-        while len(kept) > KEPT_ANSWERS or self.bytes > KEPT_ANSWER_BYTES:
-            self._drop(kept.pop(next(iter(kept))))
+        self.bytes += cost
+
+    def _let_one_go(self) -> None:
+        """The oldest kept not answered since it was kept or last passed over goes; those
+        passed over go to the back (if every one was answered, the oldest goes)."""
+        kept = self._kept
+        for _ in range(len(kept)):
+            key = next(iter(kept))
+            again = kept[key]
+            if not again.asked:
+                break
+            again.asked = False
+            del kept[key]
+            kept[key] = again
+        self._drop(kept.pop(next(iter(kept))))
 
     def _drop(self, again: Again) -> None:
         again.kept = False

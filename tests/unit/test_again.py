@@ -584,3 +584,45 @@ def test_an_entry_answered_again_keeps_its_lru_place_from_the_first_answer() -> 
             assert _counted(r)[1] == 2 and looked_up.calls == 2  # (its count waits)
 
     asyncio.run(run())
+
+
+def test_a_kept_answer_asked_since_gets_a_second_chance_over_one_asked_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def run() -> None:
+        async with rig() as r:
+            answers = r.handler.answers
+            assert answers is not None
+            session = SessionState("s")
+            tables = ("t1", "t2", "t3")
+            for table in tables:
+                r.hms.add_table(DB, table, v="1")
+                await r.call(session, "get_table", 1, dbname=DB, tbl_name=table)  # cached
+            kept = {}
+            for table in tables:
+                data = idl.encode_call("get_table", 2, dbname=DB, tbl_name=table)
+                found = whole_message(data, Transport.BUFFERED, 1 << 20)
+                repeat = call_without_seqid(data, Transport.BUFFERED)
+                assert found is not None and repeat is not None
+                ready = r.handler.serve_hit_now(session, found, lambda _: None)
+                assert isinstance(ready, Ready)
+                again = r.handler.again(ready, data, Transport.BUFFERED)
+                assert again is not None
+                kept[table] = (repeat[0], again, data)
+            monkeypatch.setattr(again_module, "KEPT_ANSWERS", 2)
+            for table in ("t1", "t2"):
+                answers.keep(session, *kept[table][:2])
+            repeat, again, data = kept["t1"]
+            assert again.answer(data, Written())  # type: ignore[arg-type]  # t1 asked since
+            answers.keep(session, *kept["t3"][:2])  # one must go: t2, asked never
+            assert [answers.get(session, kept[t][0]) is not None for t in tables] == [
+                True,
+                False,
+                True,
+            ]
+            # Passed over once, t1 is as old as the rest: the next to go unless asked again.
+            answers.keep(session, *kept["t2"][:2])
+            assert answers.get(session, kept["t1"][0]) is None
+            assert answers.footprint()[0] == 2
+
+    asyncio.run(run())
