@@ -287,9 +287,7 @@ class ClientSession:
     def idle_out(self, idle: float) -> None:
         """Close the connection, idle for ``idle`` seconds (the connection's end then ends
         the session)."""
-        self.server.metrics.client_errors.labels("idle").inc()
-        log.info("%s: closing connection idle for %g s", self.state.peer, idle)
-        self.close()
+        self.server.idle_out(self.state.peer, idle, self.close)
 
     def start_task(self) -> None:
         """The session needs its task from now on (see proxy.protocols); none once it has

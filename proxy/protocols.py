@@ -24,6 +24,8 @@ import logging
 from typing import TYPE_CHECKING, cast
 
 from proxy.handler import ClientGone
+from proxy.handler.session import PeerName
+from proxy.wire.framing import call_without_seqid
 
 if TYPE_CHECKING:
     from proxy.client_session import ClientSession
@@ -61,9 +63,42 @@ def answered_at_once(
     return answered
 
 
+def answered_before_a_session(protocol: TasklessProtocol, data: bytes) -> bool:
+    """Answer ``data``, on a connection with no session yet, with the answer kept for the
+    same call (:class:`proxy.handler.again.Answers`), if it still holds; ``False``: nothing
+    was done with it. Trino's connections ask one call each: most are answered and closed
+    with no session made at all (its objects, made and ended, cost ~4 us of such a call,
+    docs/benchmarks.md). A connection with no session has said nothing before: no identity,
+    no connection of its own to the metastore."""
+    server, transport = protocol.server, protocol.transport
+    answers = server.handler.answers
+    if answers is None or server.stopping or transport is None:
+        return False
+    repeat = call_without_seqid(data, server.options.client_transport)
+    if repeat is None:
+        return False
+    again = answers.first(repeat[0])
+    try:
+        if again is None or not again.answer(data, transport):
+            return False
+    except ClientGone as exc:  # (its transport closed: the connection's end follows)
+        log.debug("%s: connection ended: %s", PeerName(transport), exc)
+        return True
+    except Exception:  # (a bug, before its write: told as answer_now tells it)
+        log.exception(
+            "%s: internal error answering at once: closing the connection", PeerName(transport)
+        )
+        transport.close()
+        return True
+    protocol.answered_at = protocol.loop.time()
+    return True
+
+
 class TasklessProtocol(asyncio.Protocol):
     """A connection's protocol while its session has neither streams nor a task (see the
-    module's docstring)."""
+    module's docstring). Until it needs one, the connection has no session at all: its
+    calls that an answer kept for them answers are answered without one
+    (:func:`answered_before_a_session`)."""
 
     def __init__(self, server: ThriftServer, loop: asyncio.AbstractEventLoop) -> None:
         self.server = server
@@ -71,6 +106,7 @@ class TasklessProtocol(asyncio.Protocol):
         self.session: ClientSession | None = None
         self.transport: asyncio.WriteTransport | None = None
         self.paused = False  # (handed on to the stream protocol)
+        self.answered_at = 0.0  # (the idle clock, while it has no session)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (uvloop's transports are not asyncio's classes, but have their methods)
@@ -85,7 +121,11 @@ class TasklessProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         session = self.session
-        assert session is not None and self.transport is not None  # (see accepted)
+        if session is None:
+            if answered_before_a_session(self, data):
+                return
+            session = self.server.open_session(self)
+        assert self.transport is not None  # (see accepted)
         if session.flight is None and answered_at_once(session, data, self.transport):
             return
         # The session's task reads these bytes: nothing is answered here before they are
@@ -103,7 +143,10 @@ class TasklessProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         session = self.session
-        if session is None or session.over:
+        if session is None:
+            self.server.sessionless_lost(self)
+            return
+        if session.over:
             return
         if session.flight is None:
             session.end()

@@ -8,11 +8,13 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections.abc import Callable
 
 from proxy.client_connection import WRITE_SLICE
 from proxy.client_session import ClientSession, peer_name
 from proxy.config import Options
 from proxy.handler import CallHandler
+from proxy.handler.session import PeerName
 from proxy.loop import guarded_write
 from proxy.metrics import AUTH_MECHANISMS, Metrics
 from proxy.protocols import READ_SIZE, TasklessProtocol, open_streams
@@ -40,6 +42,9 @@ class ThriftServer:
         self.acceptor = acceptor  # SASL (--client-auth kerberos): who each engine is
         self._server: asyncio.Server | None = None
         self._sessions: set[ClientSession] = set()
+        # Connections with no session yet: each answered, so far, by an answer kept for its
+        # call (proxy.protocols.answered_before_a_session), or silent.
+        self._sessionless: set[TasklessProtocol] = set()
         # Connections served by a task from the start (SASL, refused at the limit), with
         # their writers: a stop closes those with no session yet.
         self._starting: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
@@ -52,7 +57,11 @@ class ThriftServer:
         self._sweep_every = 1.0
         metrics.settle_with(self._settle)
         # Read when scraped: an increment and a decrement per connection took a lock each.
-        metrics.client_connections.set_function(lambda: len(self._sessions))
+        metrics.client_connections.set_function(self.connections)
+
+    def connections(self) -> int:
+        """The client connections open (but those negotiating SASL or being refused)."""
+        return len(self._sessions) + len(self._sessionless)
 
     def _settle(self) -> None:
         """Count the calls answered again and not counted yet (see proxy.handler.again)."""
@@ -98,6 +107,14 @@ class ThriftServer:
                     and not session.closing()  # (closed already, not ended yet)
                 ):
                     session.idle_out(idle)
+            for protocol in list(self._sessionless):
+                transport = protocol.transport
+                if (
+                    transport is not None
+                    and now - protocol.answered_at >= idle
+                    and not transport.is_closing()
+                ):
+                    self.idle_out(PeerName(transport), idle, transport.close)
         except Exception:  # (a bug: logged; the clock goes on for the others)
             log.exception("the idle clock of connections with no task")
         finally:
@@ -125,18 +142,36 @@ class ThriftServer:
             transport.close()
             return
         limit = self.options.max_client_connections
-        if self.acceptor is not None or (limit and len(self._sessions) >= limit):
+        if self.acceptor is not None or (limit and self.connections() >= limit):
             _, reader, writer = open_streams(transport, protocol.loop)
             task = protocol.loop.create_task(self.serve_client(reader, writer))
             self._starting[task] = writer
             task.add_done_callback(functools.partial(self._served, writer))
             return
         transport.set_write_buffer_limits(high=WRITE_SLICE, low=WRITE_SLICE // 4)
-        session = ClientSession(self, transport, protocol.loop)
+        self._sessionless.add(protocol)  # (its session made when needed: open_session)
+        protocol.answered_at = protocol.loop.time()
+
+    def open_session(self, protocol: TasklessProtocol) -> ClientSession:
+        """The session of a connection that had none (see :meth:`accepted`)."""
+        self._sessionless.discard(protocol)
+        assert protocol.transport is not None
+        session = ClientSession(self, protocol.transport, protocol.loop)
         protocol.session = session
         self._sessions.add(session)
         session.waiting = True  # (for its first request, with no task: see proxy.protocols)
-        session.answered_at = session.loop.time()
+        session.answered_at = protocol.answered_at
+        return session
+
+    def sessionless_lost(self, protocol: TasklessProtocol) -> None:
+        """A connection with no session ended."""
+        self._sessionless.discard(protocol)
+
+    def idle_out(self, peer: object, idle: float, close: Callable[[], None]) -> None:
+        """Close a connection idle for ``idle`` seconds: counted, logged."""
+        self.metrics.client_errors.labels("idle").inc()
+        log.info("%s: closing connection idle for %g s", peer, idle)
+        close()
 
     def _served(self, writer: asyncio.StreamWriter, task: asyncio.Task[None]) -> None:
         """A connection's task from the start has ended (a bug in it: logged, closed)."""
@@ -166,7 +201,7 @@ class ThriftServer:
         # an empty buffer before the next slice is handed over.
         writer.transport.set_write_buffer_limits(high=WRITE_SLICE, low=WRITE_SLICE // 4)
         limit = self.options.max_client_connections
-        if limit and len(self._sessions) + self._negotiating >= limit:
+        if limit and self.connections() + self._negotiating >= limit:
             await self._refuse(reader, writer, limit)
             return
         authenticated = None
@@ -284,7 +319,10 @@ class ThriftServer:
             self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
-        unsessioned = self._close_unsessioned()
+        starting = self._close_starting()
+        for protocol in list(self._sessionless):  # (nothing of theirs in flight)
+            if protocol.transport is not None:
+                protocol.transport.close()
         for session in list(self._sessions):
             session.keep_again(None)
             if not session.busy:
@@ -311,13 +349,13 @@ class ThriftServer:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        await asyncio.gather(*unsessioned, return_exceptions=True)
+        await asyncio.gather(*starting, return_exceptions=True)
         if self.handler.answers is not None:  # (the answers kept, not counted yet)
             self.handler.answers.settle()
         if self._server is not None:
             await self._server.wait_closed()
 
-    def _close_unsessioned(self) -> list[asyncio.Task[None]]:
+    def _close_starting(self) -> list[asyncio.Task[None]]:
         """Close the connections that have no session yet, and cancel their tasks: those
         negotiating SASL, and those over the limit waiting to be told so. Nothing of theirs
         is in flight."""

@@ -237,6 +237,11 @@ class Answers:
             return None
         return self._kept.get(self._key(session, repeat))
 
+    def first(self, repeat: bytes) -> Again | None:
+        """:meth:`get` for a connection that has said nothing before (no identity, no
+        connection of its own to the metastore)."""
+        return self._kept.get((None, repeat))
+
     def keep(self, session: SessionState, repeat: bytes, again: Again) -> None:
         """Keep ``again`` for ``repeat``, in place of the one kept before (counted first)."""
         key = self._key(session, repeat)

@@ -331,9 +331,20 @@ def test_what_answers_again_is_made_once_per_hit_and_shared_by_every_connection(
                 client = await connect(r, port)
                 assert await client.call(get_table(5)) == answer(r, 5)
                 assert await client.call(get_table(6)) == answer(r, 6)  # and on its own
-                (session,) = server._sessions
-                assert session.again is r.handler.answers.get(session.state, repeat_of(2))
+                # ... with no session made for it: nothing asked needed one.
+                assert not server._sessions and server.connections() == 1
                 assert len(made) == 1 and looked_up.calls == 1
+                # Another call does: a miss, then the same call answered again.
+                r.hms.add_table(DB, "u", v="1")
+                other = [idl.encode_call("get_table", s, dbname=DB, tbl_name="u") for s in (7, 8)]
+                for request in other:
+                    assert await client.call(request) == r.hms.answer(
+                        "get_table", seqid_of(request), dbname=DB, tbl_name="u"
+                    )
+                (session,) = server._sessions
+                u_repeat = call_without_seqid(other[0], Transport.BUFFERED)
+                assert u_repeat is not None
+                assert session.again is r.handler.answers.get(session.state, u_repeat[0])
                 await client.close()
             finally:
                 await server.stop(0)

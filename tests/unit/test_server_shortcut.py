@@ -668,10 +668,10 @@ def test_accepted_connections_have_no_nagle_delay(loop: str) -> None:
             try:
                 client = await connect(r, server.ports[0])
                 try:
-                    await until(lambda: len(server._sessions) == 1, "the session")
-                    (session,) = server._sessions
-                    assert session.shortcut is not None
-                    sock = session.shortcut.get_extra_info("socket")
+                    await until(lambda: server.connections() == 1, "the connection")
+                    (protocol,) = server._sessionless  # (no session until it needs one)
+                    assert protocol.transport is not None
+                    sock = protocol.transport.get_extra_info("socket")
                     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
                 finally:
                     await client.close()

@@ -12,6 +12,7 @@ import pytest
 from thrift.Thrift import TApplicationException
 
 from proxy import client_session
+from proxy.handler.again import Again
 from proxy.handler.session import PeerName
 from proxy.protocols import StreamProtocol, TasklessProtocol
 from proxy.sasl.negotiation import Status, encode
@@ -86,7 +87,9 @@ def test_a_stop_closes_taskless_connections_at_once() -> None:
             for client in clients:
                 assert await asyncio.wait_for(client.reader.read(), 30) == b""
             await asyncio.wait_for(stopping, 30)
-            assert not server._sessions and not r.sample("hmsproxy_client_connections")
+            assert not server._sessions
+            await until(lambda: not server._sessionless, "the ends of those with no session")
+            assert not r.sample("hmsproxy_client_connections")
             for client in clients:
                 await client.close()
 
@@ -224,3 +227,59 @@ def test_a_sessions_address_for_the_log_is_made_when_written_and_holds_after_the
             runner.run(run())
     else:
         asyncio.run(run())
+
+
+def test_a_call_answered_as_kept_needs_no_session_and_its_connection_is_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Trino's calls after the first hit: each connection answered by the answer kept for
+    its call, with no session made; counted as a connection while open, and not after."""
+    made = []
+    init = client_session.ClientSession.__init__
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        made.append(self)
+        init(self, *args, **kwargs)
+
+    async def run() -> None:
+        async with serving() as (r, _counted, port, server):
+            r.hms.add_table(DB, T, v="1")
+            await call_once(r, port, get_table(1))  # a miss: cached
+            await call_once(r, port, get_table(2))  # a hit: its answer kept
+            await until(lambda: not r.sample("hmsproxy_client_connections"), "their ends")
+            monkeypatch.setattr(client_session.ClientSession, "__init__", counted)
+            for seqid in (3, 4, 5):
+                assert seqid_of(await call_once(r, port, get_table(seqid))) == seqid
+            open_one = await connect(r, port)
+            assert seqid_of(await open_one.call(get_table(6))) == 6
+            assert r.sample("hmsproxy_client_connections") == 1
+            await open_one.close()
+            await until(lambda: not r.sample("hmsproxy_client_connections"), "its end")
+            assert made == [] and not server._sessionless
+            assert r.sample("hmsproxy_requests_total", method="get_table", outcome="ok") == 6
+
+    asyncio.run(run())
+
+
+def test_a_bug_answering_a_connection_with_no_session_is_logged_and_closes_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(self: Any, data: bytes, transport: Any) -> bool:
+        raise KeyError("a bug")
+
+    async def run() -> None:
+        async with serving() as (r, _counted, port, _server):
+            r.hms.add_table(DB, T, v="1")
+            await call_once(r, port, get_table(1))  # a miss: cached
+            await call_once(r, port, get_table(2))  # a hit: its answer kept
+            monkeypatch.setattr(Again, "answer", broken)
+            client = await connect(r, port)
+            await client.send(get_table(3))
+            assert await asyncio.wait_for(client.reader.read(), 30) == b""  # closed, not hung
+            assert "internal error answering at once: closing the connection" in caplog.text
+            await until(lambda: not r.sample("hmsproxy_client_connections"), "its end")
+            await client.close()
+            monkeypatch.undo()
+            assert seqid_of(await call_once(r, port, get_table(4))) == 4  # the next one
+
+    asyncio.run(run())
