@@ -29,6 +29,7 @@ from proxy.wire.framing import call_without_seqid
 
 if TYPE_CHECKING:
     from proxy.client_session import ClientSession
+    from proxy.handler.again import Again
     from proxy.server import ThriftServer
 
 log = logging.getLogger("proxy.server")  # (its lines are the listener's)
@@ -74,13 +75,16 @@ def answered_before_a_session(protocol: TasklessProtocol, data: bytes) -> bool:
     answers = server.handler.answers
     if answers is None or server.stopping or transport is None:
         return False
-    repeat = call_without_seqid(data, server.options.client_transport)
-    if repeat is None:
-        return False
-    again = answers.first(repeat[0])
     try:
+        # The call it answered last, asked again (compared in place), first: an engine's
+        # kept connection repeats its calls.
+        again = protocol.again
         if again is None or not again.answer(data, transport):
-            return False
+            repeat = call_without_seqid(data, server.options.client_transport)
+            again = answers.first(repeat[0]) if repeat is not None else None
+            if again is None or not again.answer(data, transport):
+                return False
+            protocol.again = again
     except ClientGone as exc:  # (its transport closed: the connection's end follows)
         log.debug("%s: connection ended: %s", PeerName(transport), exc)
         return True
@@ -107,6 +111,7 @@ class TasklessProtocol(asyncio.Protocol):
         self.transport: asyncio.WriteTransport | None = None
         self.paused = False  # (handed on to the stream protocol)
         self.answered_at = 0.0  # (the idle clock, while it has no session)
+        self.again: Again | None = None  # what answered its last call, while it has none
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (uvloop's transports are not asyncio's classes, but have their methods)

@@ -68,6 +68,9 @@ class ThriftServer:
         for session in self._sessions:
             if session.again is not None:
                 session.again.settle()
+        for protocol in self._sessionless:
+            if protocol.again is not None:
+                protocol.again.settle()
 
     async def start(self) -> None:
         context = server_context(self.options)
@@ -154,7 +157,7 @@ class ThriftServer:
 
     def open_session(self, protocol: TasklessProtocol) -> ClientSession:
         """The session of a connection that had none (see :meth:`accepted`)."""
-        self._sessionless.discard(protocol)
+        self.sessionless_lost(protocol)
         assert protocol.transport is not None
         session = ClientSession(self, protocol.transport, protocol.loop)
         protocol.session = session
@@ -164,8 +167,12 @@ class ThriftServer:
         return session
 
     def sessionless_lost(self, protocol: TasklessProtocol) -> None:
-        """A connection with no session ended."""
+        """A connection with no session ended, or has one now: what answered its last call
+        counts its answers, unless still kept for every connection (proxy.handler.again)."""
         self._sessionless.discard(protocol)
+        again, protocol.again = protocol.again, None
+        if again is not None and not again.kept:
+            again.settle()
 
     def idle_out(self, peer: object, idle: float, close: Callable[[], None]) -> None:
         """Close a connection idle for ``idle`` seconds: counted, logged."""

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from thrift.Thrift import TApplicationException
 
-from proxy import client_session
+from proxy import client_session, idl
 from proxy.handler.again import Again
 from proxy.handler.session import PeerName
 from proxy.protocols import StreamProtocol, TasklessProtocol
@@ -281,5 +281,39 @@ def test_a_bug_answering_a_connection_with_no_session_is_logged_and_closes_it(
             await client.close()
             monkeypatch.undo()
             assert seqid_of(await call_once(r, port, get_table(4))) == 4  # the next one
+
+    asyncio.run(run())
+
+
+def test_a_connection_with_no_session_counts_what_answered_it_when_it_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # It keeps what answered its last call (its calls asked again are compared with it
+    # first); if that is let go for every connection meanwhile, the answers it gives after
+    # are counted when the connection ends.
+    from proxy.handler import again as again_module
+    from tests.unit.test_again import _counted, _until
+
+    async def run() -> None:
+        async with serving() as (r, _counted_calls, port, server):
+            r.hms.add_table(DB, T, v="1")
+            r.hms.add_table(DB, "u", v="1")
+            other = [idl.encode_call("get_table", s, dbname=DB, tbl_name="u") for s in (1, 2)]
+            await call_once(r, port, other[0])  # u cached
+            await call_once(r, port, get_table(1))  # t cached
+            await call_once(r, port, get_table(2))  # t: a hit, its answer kept
+            client = await connect(r, port)
+            for seqid in (3, 4):
+                assert seqid_of(await client.call(get_table(seqid))) == seqid
+            assert not server._sessions  # (answered with none)
+            r.metrics.settle()
+            before = _counted(r)
+            monkeypatch.setattr(again_module, "KEPT_ANSWERS", 1)
+            await call_once(r, port, other[1])  # u: a hit, kept in t's place
+            for seqid in (5, 6):  # answered by t's answer, no longer kept
+                assert seqid_of(await client.call(get_table(seqid))) == seqid
+            assert _counted(r)[1] == before[1] + 1  # (u's hit only)
+            await client.close()
+            await _until(lambda: _counted(r)[1] == before[1] + 3)
 
     asyncio.run(run())
