@@ -229,8 +229,9 @@ def test_a_sessions_address_for_the_log_is_made_when_written_and_holds_after_the
         asyncio.run(run())
 
 
+@pytest.mark.parametrize("transport", ["buffered", "framed"])
 def test_a_call_answered_as_kept_needs_no_session_and_its_connection_is_counted(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, transport: str
 ) -> None:
     """Trino's calls after the first hit: each connection answered by the answer kept for
     its call, with no session made; counted as a connection while open, and not after."""
@@ -242,7 +243,7 @@ def test_a_call_answered_as_kept_needs_no_session_and_its_connection_is_counted(
         init(self, *args, **kwargs)
 
     async def run() -> None:
-        async with serving() as (r, _counted, port, server):
+        async with serving(client_transport=transport) as (r, _counted, port, server):
             r.hms.add_table(DB, T, v="1")
             await call_once(r, port, get_table(1))  # a miss: cached
             await call_once(r, port, get_table(2))  # a hit: its answer kept
