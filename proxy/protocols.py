@@ -1,8 +1,11 @@
 """A client connection's protocols: what runs as its bytes arrive, before any task.
 
-A connection the listener accepts starts with :class:`TasklessProtocol`: no streams, no
-task. A request that arrives whole and is a cache hit needing no await, or a call only
-forwarded, is answered from its ``data_received`` (:func:`answered_at_once`); a client that
+A connection the listener accepts starts with :class:`TasklessProtocol`: no session, no
+streams, no task. A call the answer kept for it answers (proxy.handler.again.Answers) is
+answered with no session at all (:func:`answered_before_a_session`); the first that is not
+gets the connection its session. A request that arrives whole and is a cache hit needing no
+await, or a call only forwarded, is answered from its ``data_received``
+(:func:`answered_at_once`); a client that
 ends its connection ends its session from ``eof_received`` and ``connection_lost``. Trino
 opens a connection per call, so most of its connections are served that way from start to
 end: asyncio's streams and a task (made, started, read through, woken at the end) cost more

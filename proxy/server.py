@@ -1,6 +1,6 @@
-"""The Thrift listener: a session per client connection (proxy.client_session), the
-connection limit, SASL negotiation, the idle clock of sessions with no task, and a graceful
-stop."""
+"""The Thrift listener: a session per client connection once it needs one
+(proxy.client_session, proxy.protocols), the connection limit, SASL negotiation, the idle
+clock of connections with no task, and a graceful stop."""
 
 from __future__ import annotations
 
