@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from proxy.cache.ready import Ready
 from proxy.client_connection import ClientConnection
@@ -51,12 +51,6 @@ if TYPE_CHECKING:
     from proxy.server import ThriftServer
 
 log = logging.getLogger("proxy.server")  # (its lines are the listener's)
-
-
-def peer_name(transport: Any) -> str:
-    """The client's address, for the log (a transport's or a stream's)."""
-    peer = transport.get_extra_info("peername")
-    return f"{peer[0]}:{peer[1]}" if peer else "?"
 
 
 class ClientSession:

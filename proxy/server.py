@@ -11,10 +11,10 @@ import logging
 from collections.abc import Callable
 
 from proxy.client_connection import WRITE_SLICE
-from proxy.client_session import ClientSession, peer_name
+from proxy.client_session import ClientSession
 from proxy.config import Options
 from proxy.handler import CallHandler
-from proxy.handler.session import PeerName
+from proxy.handler.session import PeerName, peer_name
 from proxy.loop import guarded_write
 from proxy.metrics import AUTH_MECHANISMS, Metrics
 from proxy.protocols import READ_SIZE, TasklessProtocol, open_streams

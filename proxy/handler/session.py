@@ -13,6 +13,12 @@ class ClientGone(Exception):
     """The client connection must be closed (its reply can no longer be completed)."""
 
 
+def peer_name(transport: Any) -> str:
+    """The client's address, for the log (a transport's or a stream's)."""
+    peer = transport.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if peer else "?"
+
+
 class PeerName:
     """A client's address for the log (``host:port``), made when first written: most
     connections never log a line, and making it at every connect cost ~1.6 us of each of
@@ -27,8 +33,7 @@ class PeerName:
 
     def __str__(self) -> str:
         if self._name is None:
-            peer = self._transport.get_extra_info("peername")
-            self._name = f"{peer[0]}:{peer[1]}" if peer else "?"
+            self._name = peer_name(self._transport)
             self._transport = None
         return self._name
 
