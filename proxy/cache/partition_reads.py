@@ -48,9 +48,11 @@ from proxy.wire.framing import Message
 
 log = logging.getLogger(__name__)
 
-# Keys of requests assembled once (see PartitionReads._keep_whole): ~250 bytes each.
+# Requests assembled once, by their arguments' hash (see PartitionReads._keep_whole): an
+# int beyond the memo's ITEM_OVERHEAD (~175 bytes an item in all, as tracemalloc has it).
 ONCE_ENTRIES = 16_384
 ONCE_BYTES = 4 << 20
+ONCE_ITEM_BYTES = 16
 
 Values = tuple[str, ...]
 Known = dict[Values, codec.Payload | None]  # None: the metastore does not have that partition
@@ -77,7 +79,7 @@ class AssembledHit(NamedTuple):
     method: str
     table: TableRef
     partitions: int  # how many it holds
-    once: str | None  # its request's entry key, to remember as assembled once (None: not)
+    once: int | None  # its request's hash, to remember as assembled once (None: not)
 
 
 class PartitionReads:
@@ -105,8 +107,12 @@ class PartitionReads:
         self.seen = seen
         self.assemble = True  # False once the metastore was seen to answer out of order
         # Requests assembled once: the second time one is, it is kept whole (_keep_whole),
-        # so that requests asked once do not crowd the partitions out of the front.
-        self.assembled_once: BoundedMemo[str, None] = BoundedMemo(ONCE_ENTRIES, ONCE_BYTES)
+        # so that requests asked once do not crowd the partitions out of the front. Known by
+        # the hash of their arguments' bytes, made before anything is judged (see
+        # assembled_now): whoever asked (with --cache-scope user too: it says a request is
+        # asked again, and each user's whole reply is still its own entry), and a collision
+        # only sends a request the planned way, or keeps it whole one call early.
+        self.assembled_once: BoundedMemo[int, None] = BoundedMemo(ONCE_ENTRIES, ONCE_BYTES)
         # Requests' arguments but the names, as planned: for assembling unplanned requests.
         self.variants = assembled.Variants(naming)
 
@@ -127,7 +133,7 @@ class PartitionReads:
         seqid = call.message.header.seqid
         if result is Result.HIT:
             assembled = self._assembled(plan, seqid, known)
-            self._keep_whole(plan, look, assembled)
+            self._keep_whole(plan, look, assembled, hash(call.message.body))
             return Served(await call.send(assembled), "cache")
         missing = [v for v in pp.values if v not in known]
         versions = await self._fill_versions(pp, look.versions)
@@ -173,6 +179,11 @@ class PartitionReads:
         l1 = self.l1
         if not self.assemble or l1 is None or self.pending.pending:
             return None
+        # Asked before: the planned way keeps it whole (_keep_whole), or has. (By a hash of
+        # bytes just copied, ~1 us: its entry key, a digest, took ~18 us from cold memory.)
+        asked = hash(args)
+        if asked in self.assembled_once:
+            return None
         generation = self.store.generation()
         if generation is None:
             return None
@@ -211,18 +222,14 @@ class PartitionReads:
         reply, whole = got
         if reply is None:
             return None
-        key = None
-        if whole:  # (one absent: never kept whole, see _keep_whole)
-            key = self.naming.entry(variant.tag, method, args, who)  # the request's, as planned
-            if key in self.assembled_once or l1.holds(key):
-                return None  # asked before: the planned way keeps it whole (_keep_whole), or has
-        return AssembledHit(reply, method, variant.table, count, key)
+        once = asked if whole else None  # (one absent: never kept whole, see _keep_whole)
+        return AssembledHit(reply, method, variant.table, count, once)
 
     def count_assembled(self, hit: AssembledHit) -> None:
         """Count ``hit`` as :meth:`read` counts an assembled hit, and remember its request as
         assembled once: once its reply is written, so the client has it meanwhile."""
         if hit.once is not None:
-            self.assembled_once.put(hit.once, None, len(hit.once))
+            self.assembled_once.put(hit.once, None, ONCE_ITEM_BYTES)
         self.store.used_local_versions()
         self.metrics.cache_lookups.labels(method_label(hit.method), Result.HIT.value).inc()
         if self.seen is not None:
@@ -324,7 +331,7 @@ class PartitionReads:
             out.result = Result.HIT
         return out
 
-    def _keep_whole(self, plan: ReadPlan, look: PartitionLookup, reply: bytes) -> None:
+    def _keep_whole(self, plan: ReadPlan, look: PartitionLookup, reply: bytes, asked: int) -> None:
         """Keep an assembled reply whole in process, so that the same request is next
         served as one entry (see :meth:`hit_now`), not assembled again. Only if every
         partition is one the metastore has: each was current under the table's epoch, its
@@ -336,8 +343,8 @@ class PartitionReads:
         assert pp is not None
         if self.l1 is None or look.absent or not look.known:
             return
-        if plan.key not in self.assembled_once:
-            self.assembled_once.put(plan.key, None, len(plan.key))
+        if asked not in self.assembled_once:  # (``asked``: the hash of its arguments' bytes)
+            self.assembled_once.put(asked, None, ONCE_ITEM_BYTES)
             return
         key = self.naming.versions(pp.tag)
         if any(r.key != key for r in plan.refs):

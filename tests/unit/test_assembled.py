@@ -607,6 +607,39 @@ def test_the_request_form_is_assembled_and_its_names_field_checked_inside() -> N
     asyncio.run(run())
 
 
+def test_a_request_asked_again_goes_the_planned_way_before_anything_is_judged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Known as asked before by the hash of its arguments, made first: not judged and joined
+    # only to be let go (its entry key, a digest made after the join, was how it was known).
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS[:6], v="1")
+            ask = Asked(r)
+            await judged(ask)
+            joined = 0
+            original = assembled.answer  # (C or its twin, as the fixture set it)
+
+            def counted(*args: Any) -> Any:
+                nonlocal joined
+                joined += 1
+                return original(*args)
+
+            monkeypatch.setattr(assembled, "answer", counted)
+            ways = []
+            for seqid in (3, 4, 5):
+                request = by_names(seqid, "d01", "d02")
+                reply, way = await ask(request)
+                assert reply == hms_answer(r, request)
+                ways.append(way)
+            # Assembled, then the planned way keeps it whole, then that whole answers it.
+            assert ways == ["assembled", "ordinary", "at once"]
+            assert joined == 1
+            assert r.hms.calls["get_partitions_by_names"] == 1  # judged's miss only
+
+    asyncio.run(run())
+
+
 def test_a_request_with_an_absent_partition_is_assembled_every_time() -> None:
     # The planned way never keeps it whole (whether one is added later depends on a version
     # its refs do not name): the unplanned way answers it each time, and remembers nothing.
