@@ -262,8 +262,8 @@ def _blast(proxy: ProxyProcess, requests: list[bytes], connections: int = 4) -> 
 
 
 # What the proxy's memos may hold whatever clients send (proxy/memo.py and its users): plans
-# 32 MiB, plans of calls repeated byte for byte 8 MiB, keys of by-names requests assembled
-# once 4 MiB, encoded Redis commands 8 MiB, set_ugi replies 4 MiB, compression
+# 32 MiB, plans of calls repeated byte for byte 8 MiB, by-names requests assembled once
+# 4 MiB, encoded Redis commands 8 MiB, set_ugi replies 4 MiB, compression
 # dictionaries 2 x 16 MiB, calls kept to be answered again 4 MiB; plus the embedded cache
 # itself (--memory-cache-bytes).
 MEMO_BUDGET = (32 + 8 + 4 + 8 + 4 + 2 * 16 + 4) * MiB
