@@ -29,9 +29,12 @@ are found by their keys first, then the pass is made.
 Anything else takes the planned way, which decides again: a name of other columns, an
 entry not in process or not judged since a change, two spellings of one partition, a name
 that does not parse, text that is not UTF-8, invalidations pending, the versions in
-process not trusted. A request is answered this way once only: the second time
-the planned way keeps it whole (:meth:`.partition_reads.PartitionReads._keep_whole`), and
-from then on it is one entry.
+process not trusted. A request is answered this way once only (told by the hash of its
+arguments' bytes, whoever asks: with ``--cache-scope user``, once for all users): the second
+time the planned way keeps it whole (:meth:`.partition_reads.PartitionReads._keep_whole`),
+and from then on it is one entry. A request that names a partition the metastore does not
+have is never kept whole: the planned way forgets it was asked, and it is assembled each
+time.
 """
 
 from __future__ import annotations

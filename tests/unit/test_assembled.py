@@ -640,6 +640,53 @@ def test_a_request_asked_again_goes_the_planned_way_before_anything_is_judged(
     asyncio.run(run())
 
 
+def test_a_request_assembled_whole_then_naming_a_dropped_partition_is_assembled_again() -> None:
+    # Remembered as asked once it was assembled whole; once it names a partition the
+    # metastore no longer has, the planned way never keeps it whole and forgets it was
+    # asked, so it is assembled each time again (as one named so from the start is).
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS[:6], v="1")
+            ask = Asked(r)
+            await judged(ask)
+            ways = []
+            for seqid in range(3, 8):
+                if seqid == 4:
+                    await _drop_one(r)  # d02
+                request = by_names(seqid, "d01", "d02")
+                reply, way = await ask(request)
+                assert reply == hms_answer(r, request)
+                ways.append(way)
+            # (4: d02 fetched again, found gone; 5: judged, absent: forgotten as asked.)
+            assert ways == ["assembled", "ordinary", "ordinary", "assembled", "assembled"]
+
+    asyncio.run(run())
+
+
+def test_the_same_request_of_another_user_is_never_answered_from_the_first_users() -> None:
+    # Asked before is told by the request's bytes whoever asks: Bob's first ask of what
+    # Alice had assembled goes the planned way, to his own entries (the metastore asked
+    # again), and is then kept whole for him; every reply is the metastore's to him.
+    async def run() -> None:
+        async with rig(per_user=True) as r:
+            r.hms.add_table(DB, T, *DAYS[:6], v="1")
+            alice = Asked(r, SessionState("a", user="alice"))
+            await judged(alice)
+            assert (await alice(by_names(3, "d01", "d02")))[1] == "assembled"
+            calls = r.hms.calls["get_partitions_by_names"]
+            bob = Asked(r, SessionState("b", user="bob"))
+            ways = []
+            for seqid in range(4, 8):
+                request = by_names(seqid, "d01", "d02")
+                reply, way = await bob(request)
+                assert reply == hms_answer(r, request)
+                ways.append(way)
+            assert ways[0] == "ordinary" and "assembled" not in ways and ways[-1] == "at once"
+            assert r.hms.calls["get_partitions_by_names"] == calls + 1  # bob's own miss
+
+    asyncio.run(run())
+
+
 def test_a_request_with_an_absent_partition_is_assembled_every_time() -> None:
     # The planned way never keeps it whole (whether one is added later depends on a version
     # its refs do not name): the unplanned way answers it each time, and remembers nothing.
