@@ -481,7 +481,7 @@ static PyObject *names_list(PyObject *module, PyObject *const *args, Py_ssize_t 
 
 #define VERSION_1 0x80010000u
 #define VERSION_MASK 0xFFFF0000u
-enum { TYPE_MASK = 0xFF, MAX_NAME_LENGTH = 1024, REPEAT_BYTES = 4096, MT_CALL = 1 };
+enum { TYPE_MASK = 0xFF, MAX_NAME_LENGTH = 1024, REPEAT_BYTES = 16384, MT_CALL = 1 };
 
 static PyTypeObject *HeaderType; /* proxy.wire.binary.MessageHeader (configure_header) */
 

@@ -149,9 +149,11 @@ def _decode_name(buf: bytes | bytearray | memoryview, start: int, end: int) -> s
         raise ProtocolError("method name is not UTF-8") from exc
 
 
-# A call is told apart by its bytes only up to this size (see
-# framing.call_without_seqid).
-REPEAT_BYTES: Final = 4096
+# A call is told apart by its bytes only up to this size (see framing.call_without_seqid):
+# enough for an engine's get_partitions_by_names of 100 names a few levels deep (Trino's
+# batches: 3-8 KB; at 4 KiB such a repeated request took the planned way, ~80 us more of
+# the proxy's time in process, docs/benchmarks.md). The C twin (_scanner.c) has the same.
+REPEAT_BYTES: Final = 16384
 
 
 def seqid_offset(data: bytes, start: int) -> int | None:

@@ -24,6 +24,7 @@ from proxy.handler.again import JOIN_BELOW, SETTLE_EVERY
 from proxy.http import MetricsServer
 from proxy.server import ThriftServer
 from proxy.status import Activity
+from proxy.wire.binary import REPEAT_BYTES
 from proxy.wire.framing import Transport, call_without_seqid, whole_message
 from tests.rig.raw import seqid_of
 from tests.unit.inprocess import Rig, rig
@@ -31,6 +32,7 @@ from tests.unit.test_flight import serving
 from tests.unit.test_http import _get
 from tests.unit.test_server_shortcut import (
     DB,
+    AnsweredAgain,
     Client,
     Counted,
     LookedUp,
@@ -135,6 +137,45 @@ def test_a_big_reply_is_answered_again_byte_for_byte_in_two_pieces(
             runner.run(run())
     else:
         asyncio.run(run())
+
+
+def test_an_engines_by_names_request_is_answered_again_by_its_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 100 names a few levels deep, as an engine batches them (~6.5 KB): known by its bytes
+    # and answered again; one over REPEAT_BYTES is looked up each time, the same bytes.
+    async def run() -> None:
+        async with listening() as (r, _counted, port):
+            days = [f"2024-01-{i:03d}-region-us-east-1-bucket-{i:05d}" for i in range(400)]
+            r.hms.add_table(DB, T, *days, v="1")
+            answered_again = AnsweredAgain(monkeypatch)
+            client = await connect(r, port)
+            try:
+                for names, again in ((days[:100], True), (days, False)):
+                    answered_again.calls = 0
+
+                    def request(seqid: int, names: list[str] = names) -> bytes:
+                        asked = [f"ds={d}" for d in names]
+                        return idl.encode_call(
+                            "get_partitions_by_names", seqid, db_name=DB, tbl_name=T, names=asked
+                        )
+
+                    size = len(request(1))
+                    assert size > (4096 if again else REPEAT_BYTES)  # (4 KiB: the limit was)
+                    for seqid in range(1, 7):  # a miss, judged, kept whole, a hit, then 2 more
+                        reply = await client.call(request(seqid))
+                        assert reply == r.hms.answer(
+                            "get_partitions_by_names",
+                            seqid,
+                            db_name=DB,
+                            tbl_name=T,
+                            names=[f"ds={d}" for d in names],
+                        )
+                    assert answered_again.calls == (2 if again else 0)
+            finally:
+                await client.close()
+
+    asyncio.run(run())
 
 
 def test_an_exception_reply_is_answered_again_as_it_was_cached() -> None:

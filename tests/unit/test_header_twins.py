@@ -130,3 +130,21 @@ def test_the_twins_find_a_whole_call() -> None:
         assert header == MessageHeader("get_table", 1, 7, True, 4 + 4 + 9 + 4)
         rest, seqid = framing.without_seqid(wire, framed) or (b"", 0)
         assert (rest, seqid) == (data[:17] + data[21:], 7)
+
+
+def test_the_twins_know_a_call_by_its_bytes_up_to_the_same_size() -> None:
+    # (The C twin has its own copy of the limit: the two must meet at it.) A call of
+    # exactly REPEAT_BYTES is known by its bytes, one byte more is not, framed or not.
+    head = message("get_partitions_by_names", 1, 7, b"")
+    for extra, known in ((-1, True), (0, True), (1, False)):
+        pad = binary.REPEAT_BYTES + extra - len(head) - 8  # (a string field, then the stop)
+        data = message("get_partitions_by_names", 1, 7, b"\x0b\x00\x01" + struct.pack(">i", pad))
+        data += b"x" * pad + b"\x00"
+        assert len(data) == binary.REPEAT_BYTES + extra
+        for framed in (False, True):
+            wire = struct.pack(">i", len(data)) + data if framed else data
+            c = framing.without_seqid(wire, framed)
+            assert c == framing.py_without_seqid(wire, framed)
+            assert (c is not None) is known, (extra, framed)
+            if known:
+                assert c == (data[:31] + data[35:], 7)  # (the seqid: bytes 31-34)

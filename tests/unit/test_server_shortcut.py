@@ -26,7 +26,7 @@ from proxy.handler.again import Again
 from proxy.handler.session import ClientGone
 from proxy.server import ThriftServer
 from proxy.status import Activity
-from proxy.wire.binary import reseq
+from proxy.wire.binary import REPEAT_BYTES, reseq
 from proxy.wire.framing import Transport, call_without_seqid, whole_message
 from tests.rig.raw import seqid_of
 from tests.unit.inprocess import Client as Channel
@@ -456,7 +456,7 @@ def test_a_repeated_call_is_known_by_its_bytes_and_per_user_caches_keep_users_ap
             framed = struct.pack(">i", len(data)) + data
             assert call_without_seqid(framed, Transport.FRAMED) == repeat
             assert call_without_seqid(framed + b"\x00", Transport.FRAMED) is None
-            big = idl.encode_call("get_table", 3, dbname=DB, tbl_name="x" * 5000)
+            big = idl.encode_call("get_table", 3, dbname=DB, tbl_name="x" * REPEAT_BYTES)
             assert call_without_seqid(big, Transport.BUFFERED) is None
 
     asyncio.run(run())
