@@ -150,9 +150,10 @@ def _decode_name(buf: bytes | bytearray | memoryview, start: int, end: int) -> s
 
 
 # A call is told apart by its bytes only up to this size (see framing.call_without_seqid):
-# enough for an engine's get_partitions_by_names of 100 names a few levels deep (Trino's
-# batches: 3-8 KB; at 4 KiB such a repeated request took the planned way, ~80 us more of
-# the proxy's time in process, docs/benchmarks.md). The C twin (_scanner.c) has the same.
+# enough for an engine's get_partitions_by_names: Trino's batches of up to 100 names a few
+# levels deep are 3-8 KB, Spark's of 300 (its fallback, hms-wire) up to ~50 bytes a name.
+# At 4 KiB each repeat of such a request was looked up: ~90 us more of the proxy's time in
+# process (bench.repeat_size, docs/benchmarks.md). The C twin (_scanner.c) has the same.
 REPEAT_BYTES: Final = 16384
 
 
