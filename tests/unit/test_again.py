@@ -142,7 +142,7 @@ def test_a_big_reply_is_answered_again_byte_for_byte_in_two_pieces(
 def test_an_engines_by_names_request_is_answered_again_by_its_bytes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # 100 names a few levels deep, as an engine batches them (~6.5 KB): known by its bytes
+    # 100 names a few levels deep, as an engine batches them (~4.9 KB): known by its bytes
     # and answered again; one over REPEAT_BYTES is looked up each time, the same bytes.
     async def run() -> None:
         async with listening() as (r, _counted, port):
