@@ -138,10 +138,6 @@ class L1:
         self.bytes += size
         self._evict()
 
-    def holds(self, key: str) -> bool:
-        """Whether ``key`` has a copy here (expired or not)."""
-        return key in self._items
-
     def touch(self, key: str) -> None:
         """A hit on ``key`` answered without :meth:`item`: kept in LRU order."""
         if key in self._items:
