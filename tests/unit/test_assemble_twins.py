@@ -186,7 +186,7 @@ def test_the_c_twin_refuses_what_l1_never_keeps() -> None:
 
 
 def test_configure_refuses_a_class_without_slots() -> None:
-    from proxy.cache import _assemble  # type: ignore[attr-defined]
+    from proxy.cache import _assemble
 
     class Plain:
         current_under = 0
