@@ -38,7 +38,7 @@ FRAME_SLACK = 64 * 1024
 
 
 class KerberosUpstream:
-    """The pool's :class:`~proxy.upstream.pool.UpstreamAuth` for a Kerberized metastore."""
+    """The pool's :class:`~proxy.upstream.endpoints.UpstreamAuth` for a Kerberized metastore."""
 
     def __init__(self, options: Options, login: KerberosLogin, metrics: Metrics) -> None:
         assert options.upstream_principal
