@@ -18,9 +18,10 @@ How a call flows::
                          on a stale pooled connection)
 
 The sans-I/O core (``wire/``, ``catalog``, ``config``, and in ``cache/``: ``keys``,
-``plan``, ``decide``, ``entry``, ``partitions``, ``locks``, ``events``) opens no sockets;
-``server``, ``upstream``, ``cache.redis_store``, ``http``, ``admin`` and ``app`` are the I/O
-edges. ``metrics`` holds every metric.
+``plan``, ``planner``, ``invalidation``, ``named_partitions``, ``decide``, ``entry``,
+``partitions``, ``locks``, ``events``) opens no sockets; ``server``, ``upstream``,
+``cache.redis_store``, ``http``, ``admin`` and ``app`` are the I/O edges. ``metrics`` holds
+every metric.
 """
 
 __version__ = "0.1.0"

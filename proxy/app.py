@@ -18,7 +18,7 @@ from proxy.admin.service import AdminService
 from proxy.auth import Kerberos
 from proxy.cache.engine import CacheEngine
 from proxy.cache.keys import Naming
-from proxy.cache.plan import Planner, Ttls
+from proxy.cache.planner import Planner, Ttls
 from proxy.cache.redis_store import RedisStore
 from proxy.cache.resp import encoded_footprint
 from proxy.cache.store import MemoryStore, Store

@@ -2,7 +2,7 @@
 
 The pieces, one thing each:
 
-* :mod:`.plan` says what a call reads or changes (pure), memoised here by request digest;
+* :mod:`.planner` says what a call reads or changes (pure), memoised here by request digest;
 * :mod:`.decide` says whether what was found may be served (pure);
 * :mod:`.reads` and :mod:`.partition_reads` run the read-through (look-up, single flight,
   fill, stale-if-error) for whole replies and for ``get_partitions_by_names``;
@@ -33,7 +33,8 @@ from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.fences import LockFences
 from proxy.cache.l1 import L1
 from proxy.cache.partition_reads import AssembledHit, PartitionReads
-from proxy.cache.plan import Planner, ReadPlan, WritePlan
+from proxy.cache.plan import ReadPlan, WritePlan
+from proxy.cache.planner import Planner
 from proxy.cache.reads import ReadCall, Seen, Served, WholeReads
 from proxy.cache.ready import Ready
 from proxy.cache.store import MemoryStore, Store

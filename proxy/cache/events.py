@@ -22,7 +22,8 @@ from typing import Any
 
 from proxy import catalog
 from proxy.cache.keys import DatabaseRef, PartitionNameError, TableRef, parse_partition_name
-from proxy.cache.plan import FLUSH, Planner, WritePlan
+from proxy.cache.plan import FLUSH, WritePlan
+from proxy.cache.planner import Planner
 from proxy.catalog import Scope
 
 # Event types that change nothing this proxy caches.

@@ -55,7 +55,8 @@ from thriftpy2.transport.memory import TCyMemoryBuffer
 
 from proxy import catalog, idl
 from proxy.cache.keys import Naming
-from proxy.cache.plan import FLUSH, Planner, ReadPlan, Ttls, WritePlan
+from proxy.cache.plan import FLUSH, ReadPlan, WritePlan
+from proxy.cache.planner import Planner, Ttls
 from proxy.catalog import Kind, MethodSpec
 from proxy.handler import upstream_request
 from proxy.upstream import Identity

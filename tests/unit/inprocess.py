@@ -14,7 +14,7 @@ from typing import Any
 
 from proxy import idl
 from proxy.cache.engine import CacheEngine
-from proxy.cache.plan import Planner, Ttls
+from proxy.cache.planner import Planner, Ttls
 from proxy.cache.store import MemoryStore
 from proxy.config import Options, load
 from proxy.handler import CallHandler, SessionState

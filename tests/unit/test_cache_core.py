@@ -25,7 +25,7 @@ from proxy.cache.keys import (
     split_catalog,
 )
 from proxy.cache.partition_reads import PartitionReads
-from proxy.cache.plan import Planner, Ttls
+from proxy.cache.planner import Planner, Ttls
 from tests.rig.sample import storage_descriptor
 
 M = idl.module()

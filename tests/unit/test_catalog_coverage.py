@@ -12,7 +12,8 @@ import pytest
 from proxy import catalog, idl
 from proxy.cache.engine import CacheEngine
 from proxy.cache.keys import CATALOG_TAG, EPOCH, Naming, TableRef, partition_field
-from proxy.cache.plan import FLUSH, Planner, Ttls, WritePlan
+from proxy.cache.plan import FLUSH, WritePlan
+from proxy.cache.planner import Planner, Ttls
 from proxy.cache.store import MemoryStore
 from proxy.catalog import Kind, MethodSpec, Scope
 from proxy.handler.writes import READ_PREFIXES

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from proxy import catalog, idl
 from proxy.cache.engine import CacheEngine
 from proxy.cache.keys import Naming
-from proxy.cache.plan import Planner, Ttls
+from proxy.cache.planner import Planner, Ttls
 from proxy.cache.store import MemoryStore
 from proxy.catalog import Kind
 from proxy.metrics import Metrics
