@@ -16,7 +16,8 @@ from proxy.config import Options
 from proxy.handler import CallHandler
 from proxy.handler.session import PeerName, peer_name
 from proxy.loop import guarded_write
-from proxy.metrics import AUTH_MECHANISMS, Metrics
+from proxy.metric_table import AUTH_MECHANISMS
+from proxy.metrics import Metrics
 from proxy.protocols import READ_SIZE, TasklessProtocol, open_streams
 from proxy.sasl.layer import SaslError
 from proxy.sasl.server import Authenticated, Refused, SaslAcceptor

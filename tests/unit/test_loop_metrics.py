@@ -13,7 +13,7 @@ from prometheus_client import (
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
 from proxy.loop_metrics import LoopCounter, LoopHistogram
-from proxy.metrics import LATENCY_BUCKETS
+from proxy.metric_table import LATENCY_BUCKETS
 
 
 def test_loop_metrics_expose_what_prometheus_clients_own_would() -> None:
