@@ -21,8 +21,8 @@ check() {
 }
 
 # pyproject.toml and uv.lock must say the same: a dependency added, removed or re-ranged in
-# one only fails here (scripts/upgrade-lock.sh rewrites the lock).
-check "uv.lock does not match pyproject.toml (scripts/upgrade-lock.sh rewrites it)" \
+# one only fails here (scripts/upgrade-lock.sh --no-upgrade rewrites the lock for it).
+check "uv.lock does not match pyproject.toml (scripts/upgrade-lock.sh --no-upgrade follows it)" \
   "$uv" lock --check --offline
 check "ruff (.venv/bin/ruff check . shows it)" .venv/bin/ruff check .
 check "format (.venv/bin/ruff format . fixes it)" .venv/bin/ruff format --check .

@@ -4,7 +4,7 @@
 #   ./scripts/upgrade-lock.sh                every package to its newest release that
 #                                            pyproject.toml allows
 #   ./scripts/upgrade-lock.sh ruff mypy      only these (and what they need)
-#   ./scripts/upgrade-lock.sh --sync-only    no upgrade: the lock rewritten for a changed
+#   ./scripts/upgrade-lock.sh --no-upgrade   none: the lock rewritten for a changed
 #                                            pyproject.toml, keeping every version it can
 #
 # Then it installs the new lock into .venv, regenerates the gRPC code (its generator is in the
@@ -19,7 +19,7 @@ export UV_PYTHON_DOWNLOADS=never
 before=$(mktemp)
 trap 'rm -f "$before"' EXIT
 cp uv.lock "$before"
-if [ "${1:-}" = "--sync-only" ]; then
+if [ "${1:-}" = "--no-upgrade" ]; then
   "$uv" lock
 elif (($#)); then
   args=()
