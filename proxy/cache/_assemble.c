@@ -350,10 +350,11 @@ done:
 
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
-     "configure(Item, Entry, absent_flag): where their slots are"},
+     "configure($module, item_type, entry_type, absent_flag, /)\n--\n\n"
+     "where the slots of Item and Entry are"},
     {"answer", (PyCFunction)(void (*)(void))answer, METH_FASTCALL,
-     "answer(found, names, generation, now, wall, head, before, closing, largest): see "
-     "proxy.cache.assembled.py_answer"},
+     "answer($module, found, names, generation, now, wall, head, before, closing, largest, /)"
+     "\n--\n\nsee proxy.cache.assembled.py_answer"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -11,6 +11,7 @@ def answer(
     found: dict[bytes, weakref.ref[Item]],
     names: list[bytes],
     generation: int,
+    # Exactly floats (the C code checks): mypy would let an int through, which raises here.
     now: float,
     wall: float,
     head: bytes,

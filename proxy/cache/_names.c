@@ -190,9 +190,10 @@ static PyObject *configure(PyObject *module, PyObject *twin) {
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_O,
-     "configure(py_name_parts): the twin that judges names of other bytes than ASCII"},
+     "configure($module, twin, /)\n--\n\n"
+     "the twin (py_name_parts) that judges names of other bytes than ASCII"},
     {"name_parts", name_parts, METH_O,
-     "name_parts(raw): see proxy.cache.keys.py_name_parts"},
+     "name_parts($module, raw, /)\n--\n\nsee proxy.cache.keys.py_name_parts"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -259,9 +259,11 @@ static PyObject *Scanner_get_done(Scanner *self, void *closure) {
 
 static PyMethodDef Scanner_methods[] = {
     {"scan", (PyCFunction)Scanner_scan, METH_VARARGS,
-     "scan(buf, end) -> bool: advance over buf[:end]; True once the struct is complete."},
+     "scan($self, buf, end, /)\n--\n\n"
+     "advance over buf[:end]; True once the struct is complete."},
     {"rebase", (PyCFunction)Scanner_rebase, METH_O,
-     "rebase(dropped): the caller removed this many bytes from the front of its buffer."},
+     "rebase($self, dropped, /)\n--\n\n"
+     "the caller removed this many bytes from the front of its buffer."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -282,7 +284,8 @@ static PyTypeObject ScannerType = {
     .tp_name = "proxy.wire._scanner.StructScanner",
     .tp_basicsize = sizeof(Scanner),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "C twin of proxy.wire.binary.PyStructScanner.",
+    .tp_doc = "StructScanner(pos, limit, max_depth=64)\n--\n\n"
+              "C twin of proxy.wire.binary.PyStructScanner.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Scanner_init,
     .tp_dealloc = (destructor)Scanner_dealloc,
@@ -689,21 +692,27 @@ static PyObject *without_seqid(PyObject *module, PyObject *const *args, Py_ssize
 
 static PyMethodDef module_functions[] = {
     {"configure_header", configure_header, METH_O,
-     "configure_header(MessageHeader): the class parse_header and whole_header return."},
+     "configure_header($module, header_type, /)\n--\n\n"
+     "The class (MessageHeader) parse_header and whole_header return."},
     {"parse_header", (PyCFunction)(void (*)(void))parse_header, METH_FASTCALL,
-     "parse_header(buf, start, end) -> MessageHeader | None: binary.parse_header's twin."},
+     "parse_header($module, buf, start, end, /)\n--\n\n"
+     "-> MessageHeader | None: binary.parse_header's twin."},
     {"whole_header", (PyCFunction)(void (*)(void))whole_header, METH_FASTCALL,
-     "whole_header(data, framed, max_size) -> MessageHeader | None: the header of the one "
-     "whole message data holds, nothing more (framing.py_whole_header's twin)."},
+     "whole_header($module, data, framed, max_size, /)\n--\n\n"
+     "-> MessageHeader | None: the header of the one whole message data holds, nothing more "
+     "(framing.py_whole_header's twin)."},
     {"without_seqid", (PyCFunction)(void (*)(void))without_seqid, METH_FASTCALL,
-     "without_seqid(data, framed) -> (bytes, seqid) | None: framing.call_without_seqid's twin."},
+     "without_seqid($module, data, framed, /)\n--\n\n"
+     "-> (bytes, seqid) | None: framing.call_without_seqid's twin."},
     {"skip_strings", skip_strings, METH_VARARGS,
-     "skip_strings(buf, pos, count, limit) -> int: the end of count strings from pos."},
+     "skip_strings($module, buf, pos, count, limit, /)\n--\n\n"
+     "-> int: the end of count strings from pos."},
     {"read_strings", read_strings, METH_VARARGS,
-     "read_strings(buf, pos, count, limit) -> list[bytes]: count strings from pos."},
+     "read_strings($module, buf, pos, count, limit, /)\n--\n\n"
+     "-> list[bytes]: count strings from pos."},
     {"names_list", (PyCFunction)(void (*)(void))names_list, METH_FASTCALL,
-     "names_list(buf, fid) -> (buf without field fid, its strings) | None: "
-     "fields.py_names_list's twin."},
+     "names_list($module, buf, fid, /)\n--\n\n"
+     "-> (buf without field fid, its strings) | None: fields.py_names_list's twin."},
     {NULL, NULL, 0, NULL},
 };
 
