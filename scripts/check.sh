@@ -6,6 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 uv=.rig/tools/uv/bin/uv
 export UV_PYTHON_DOWNLOADS=never
+for tool in "$uv" .venv/bin/ruff .venv/bin/mypy; do
+  [ -x "$tool" ] || {
+    echo "check failed: $tool is not installed: run ./scripts/setup.sh --test first" >&2
+    exit 1
+  }
+done
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -32,9 +38,12 @@ check "the C modules' .pyi stubs differ from the modules" \
   .venv/bin/python -m mypy.stubtest --concise \
   proxy.wire._scanner proxy.cache._assemble proxy.cache._names
 # A warning fails the project's own build of its C extensions, never a user's: setup.py
-# compiles with -Wall only, and CFLAGS adds -Werror here. The sdist, then a wheel from it, in
-# a clean folder (a build in the source tree would skip what an earlier build compiled), with
-# the lock's pinned setuptools, as a user's pip would build them.
+# compiles with -Wall only, and -Werror is added here. CFLAGS replaces the interpreter's own
+# compile flags (-Wsign-compare, -O3, and on Debian's Python -Wformat and more) rather than
+# adding to them, so it carries those too: the warnings a user's build would show. The sdist,
+# then a wheel from it, in a clean folder (a build in the source tree would skip what an
+# earlier build compiled), with the lock's pinned setuptools, as a user's pip would build them.
+cflags=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_config_var("CFLAGS") or "")')
 check "the C extensions do not build without warnings (-Werror)" \
-  env CFLAGS="-Werror" "$uv" build --out-dir "$out/dist" .
+  env CFLAGS="$cflags -Werror" "$uv" build --out-dir "$out/dist" .
 echo "checks passed: lock, ruff, format, mypy, C stubs, C build with -Werror"

