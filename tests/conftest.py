@@ -76,6 +76,13 @@ def sample(hms: MetastoreServer) -> Sample:
 ProxyFactory = Callable[..., ProxyProcess]
 
 
+# Redis operations of the tests' proxies may take a second, not the default 50 ms: on a loaded
+# machine (CI with both cores busy) a slower one is answered from the metastore, as it should
+# be, and a test asserting a hit fails. A test of the timeout itself gives its own, which
+# wins (argparse: the last one given).
+PATIENT = ("--redis-timeout", "1")
+
+
 @pytest.fixture
 def proxy_factory(tmp_path: Path, hms: MetastoreServer) -> Iterator[ProxyFactory]:
     started: list[ProxyProcess] = []
@@ -83,7 +90,7 @@ def proxy_factory(tmp_path: Path, hms: MetastoreServer) -> Iterator[ProxyFactory
     def make(
         *args: str, upstream: str | None = None, env: dict[str, str] | None = None
     ) -> ProxyProcess:
-        proc = ProxyProcess(tmp_path, upstream or hms.uri, *args, env=env).start()
+        proc = ProxyProcess(tmp_path, upstream or hms.uri, *PATIENT, *args, env=env).start()
         started.append(proc)
         return proc
 
@@ -106,7 +113,7 @@ def lock_proxy_factory(tmp_path: Path, lock_hms: MetastoreServer) -> Iterator[Pr
     started: list[ProxyProcess] = []
 
     def make(*args: str, env: dict[str, str] | None = None) -> ProxyProcess:
-        proc = ProxyProcess(tmp_path, lock_hms.uri, *args, env=env).start()
+        proc = ProxyProcess(tmp_path, lock_hms.uri, *PATIENT, *args, env=env).start()
         started.append(proc)
         return proc
 

@@ -324,7 +324,10 @@ def test_without_a_cache_every_listing_is_live(
 def test_proxies_sharing_redis_share_listings_and_their_invalidation(
     hms: MetastoreServer, own_redis: RedisServer, proxy_factory: ProxyFactory, tmp_path: Path
 ) -> None:
-    args = ("--redis", own_redis.url, "--seal-after", "0", "--notifications", "off")
+    # A Redis operation may take a second here, not 50 ms: on a loaded machine a slower one
+    # is answered live (fail open), and the hit asserted below would not be (CI saw it).
+    args = ("--redis", own_redis.url, "--redis-timeout", "1")
+    args += ("--seal-after", "0", "--notifications", "off")
     a, b = proxy_factory(*args), proxy_factory(*args)
     name, root = new_table(hms, tmp_path)
     part = root / f"ds={DAYS[0]}"
