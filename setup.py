@@ -3,8 +3,8 @@
 from setuptools import Extension, setup
 
 # -Wall but never -Werror: a user's newer compiler may warn where ours does not, and a warning
-# must not stop their `pip install`. The project's own check (scripts/check.sh) builds with
-# CFLAGS=-Werror, so a warning fails CI and scripts/test.sh instead.
+# must not stop their `pip install`. The project's own check (scripts/check.sh) adds -Werror
+# through CFLAGS, so a warning fails CI and scripts/test.sh instead.
 FLAGS = ["-O2", "-Wall"]
 MODULES = {
     "proxy.wire._scanner": "proxy/wire/_scanner.c",

@@ -51,6 +51,7 @@ from proxy import config, idl
 from proxy.admin.server import READINESS
 from tests.rig.hms import MetastoreServer
 from tests.rig.kdc import Realm
+from tests.rig.lock import UV, locked_versions, uv_env
 from tests.rig.ports import free_port, free_ports, wait_for_port
 from tests.rig.sasl_client import KerberosConnection
 
@@ -782,21 +783,6 @@ def copy_entry(source: Path, dest: Path) -> None:
         shutil.copy2(source, dest)
 
 
-UV = REPO / ".rig" / "tools" / "uv" / "bin" / "uv"
-
-
-def local_uv_env(**changes: str) -> dict[str, str]:
-    """This machine's environment for uv, with ``changes``: uv's cache, offline (set-up
-    filled it with the lock's packages, and the pinned setuptools the build uses), and no
-    virtual environment of the caller's."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("UV_", "VIRTUAL_ENV", "PYTHON")) and k != "CFLAGS"
-    }
-    return env | {"UV_OFFLINE": "1", "UV_PYTHON_DOWNLOADS": "never"} | changes
-
-
 def source_tree(rootfs: Path) -> Path:
     """Where the build stage's ``uv sync`` runs, in ``rootfs``."""
     return rootfs / PurePosixPath(sync_run()[0].workdir).relative_to("/")
@@ -823,7 +809,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
         text=True,
         timeout=240,
         cwd=source_tree(rootfs),
-        env=local_uv_env(),
+        env=uv_env(),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     (wheel,) = out.glob("*.whl")
@@ -929,7 +915,7 @@ def runtime(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Runtime:
     python = str(
         Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
     )
-    env = local_uv_env(**env, UV_PROJECT_ENVIRONMENT=str(venv), UV_PYTHON=python)
+    env = uv_env(**env, UV_PROJECT_ENVIRONMENT=str(venv), UV_PYTHON=python)
     result = subprocess.run(
         [str(UV), *sync_command()[1:]],
         capture_output=True,
@@ -962,8 +948,7 @@ def runtime(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Runtime:
 
 def test_the_image_installs_the_lock_and_nothing_else(runtime: Runtime) -> None:
     """Every package in the environment is at the lock's version, and complete."""
-    lock = tomllib.loads((REPO / "uv.lock").read_text())
-    locked = {canonicalize_name(p["name"]): p.get("version") for p in lock["package"]}
+    locked = locked_versions()
     code = (
         "import importlib.metadata as m, json; "
         "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"

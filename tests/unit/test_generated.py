@@ -12,15 +12,11 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from tests.rig.lock import locked_versions
+
 REPO = Path(__file__).resolve().parents[2]
 GENERATED = REPO / "proxy" / "admin" / "_gen"
 FILES = [f"{p}_pb2{e}" for p in ("admin", "listing") for e in (".py", ".pyi", "_grpc.py")]
-
-
-def locked_version(name: str) -> str:
-    lock = tomllib.loads((REPO / "uv.lock").read_text())
-    (version,) = (p["version"] for p in lock["package"] if p["name"] == name)
-    return str(version)
 
 
 def floor(name: str) -> Version:
@@ -34,7 +30,7 @@ def floor(name: str) -> Version:
 def test_generator_is_the_locked_one() -> None:
     # The output carries the generator's version (GRPC_GENERATED_VERSION), so the comparison
     # below is only meaningful with the generator the lock names: set-up installs that one.
-    assert importlib.metadata.version("grpcio-tools") == locked_version("grpcio-tools"), (
+    assert importlib.metadata.version("grpcio-tools") == locked_versions()["grpcio-tools"], (
         "grpcio-tools in .venv is not uv.lock's: run scripts/setup.sh --test"
     )
 

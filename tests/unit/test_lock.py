@@ -3,27 +3,24 @@ nothing else, so a release on PyPI changes nothing until scripts/upgrade-lock.sh
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-UV = REPO / ".rig" / "tools" / "uv" / "bin" / "uv"
+from tests.rig.lock import REPO, UV, uv_env
 
 
 def test_the_environment_is_the_lock() -> None:
     # uv compares .venv with the lock's [test] set (versions, and the project's own build
-    # inputs: pyproject.toml, setup.py, the C sources); --offline: nothing is looked up.
+    # inputs: pyproject.toml, setup.py, the C sources), offline: nothing is looked up.
     assert Path(sys.prefix).resolve() == REPO / ".venv", "the tests run in the project's .venv"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
     result = subprocess.run(
-        [str(UV), "sync", "--check", "--frozen", "--offline", "--extra", "test"],
+        [str(UV), "sync", "--check", "--frozen", "--extra", "test"],
         cwd=REPO,
         capture_output=True,
         text=True,
-        env=env | {"UV_PYTHON_DOWNLOADS": "never"},
+        env=uv_env(),
         timeout=120,
     )
     assert result.returncode == 0, (
