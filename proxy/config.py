@@ -636,6 +636,15 @@ class Options:
     notification_poll: float = _opt(
         1.0, parse_seconds, "seconds between polls of the notification log", metavar="SECONDS"
     )
+    notification_window: float = _opt(
+        30.0,
+        parse_seconds,
+        "how late an event may become visible in the notification log: each poll re-reads "
+        "this far back (at most 1,000 events) for events that share an id with one applied "
+        "or commit out of id order (HMS 2.3, HIVE-16886), and an id missing this long is a "
+        "gap (the cache is flushed)",
+        metavar="SECONDS",
+    )
     follower_lease: float = _opt(
         5.0,
         parse_seconds,

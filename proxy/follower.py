@@ -5,14 +5,18 @@ it applied and invalidates what each one touches (``proxy.cache.events``). Of al
 sharing a store exactly one follows: it holds a lease in the store, renewed on every poll;
 when it dies the lease expires and another proxy takes over where the last applied event
 id (also in the store) says. Events are applied before that id moves, and it never moves
-past an event whose invalidation the store did not take (a Redis timeout stops the batch
+past an event whose invalidation the store did not take (a Redis timeout stops the poll
 there; the next poll starts again from it), so a takeover can apply an event twice
 (harmless: an invalidation) but never skips one.
 
-A gap in the log (events purged before they were applied, ids that jump backwards after a
-metastore reset) cannot be replayed, so the cache is flushed and following resumes at the
-current id. The same happens the first time a follower starts on a store: entries already
-there may predate writes nobody followed.
+Ids are not a clean sequence (HMS 2.3 gives concurrent writes one id; events of concurrent
+transactions become visible out of order): each poll re-reads a window behind the position
+and applies what it has not applied, recognised by content (``proxy.log_cursor``).
+
+A gap in the log (events purged before they were applied, an id missing for longer than
+the window, ids that jump backwards after a metastore reset) cannot be replayed, so the
+cache is flushed and following resumes at the current id. The same happens the first time a
+follower starts on a store: entries already there may predate writes nobody followed.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from proxy.cache.engine import CacheEngine
 from proxy.cache.events import KNOWN, SKIPPED, Event, invalidation_for
 from proxy.cache.store import CacheUnavailable
 from proxy.config import Options
+from proxy.log_cursor import LogCursor
 from proxy.metrics import Metrics
 from proxy.upstream import UpstreamError, UpstreamPool
 from proxy.wire.binary import MessageType
@@ -71,6 +76,7 @@ class NotificationFollower:
         self._writes_seen = 0
         self._said_standing = False  # this proxy logged that the log does not move
         self._last_success = time.time()
+        self._cursor: LogCursor | None = None
         metrics.notification_enabled.set(1)
         for kind in [*sorted(KNOWN - SKIPPED), "other"]:
             metrics.notification_events.labels(kind)  # at zero, so rate() works from the start
@@ -156,6 +162,7 @@ class NotificationFollower:
             # The lag is the leader's to report; a standby's last figures would go stale.
             self.metrics.notification_lag_events.set(0)
             self.metrics.notification_lag_seconds.set(0)
+            self._cursor = None
             # Whether the log is followed is the leader's to say, too (its word expires).
             self.state.active = await store.get(self.verdict_key) == b"1"
             self._succeeded()
@@ -169,38 +176,56 @@ class NotificationFollower:
         if head < last:
             await self._resync(f"event ids went back from {last} to {head} (log reset)", head)
             return
-        while last < head and not self._stopping.is_set():
-            events = await self._events_after(last)
-            if not events or events[0].event_id > last + 1:
-                self.metrics.notification_gaps.inc()
-                missing_to = events[0].event_id - 1 if events else head
-                await self._resync(f"events {last + 1}..{missing_to} are gone from the log", head)
-                return
-            stuck = False
-            for event in events:
-                if event.event_id <= last:
-                    continue
-                if not await self._apply(event):
-                    stuck = True  # the position must not pass an event not invalidated
-                    break
-                last = event.event_id
-            if not await store.set_if_leader(
-                self.last_key, str(last).encode(), self.lease_key, self.token
-            ):
-                self.state.leader = False
-                return
-            self.state.last_applied = last
-            self._lag(head, last, events)
-            if stuck:
-                raise CacheUnavailable(
-                    f"the invalidation of event {last + 1} did not reach the store; "
-                    "following resumes there"
-                )
-        self.state.last_applied = last
-        self._lag(head, last, [])
+        cursor = self._cursor_at(last)
+        seen, held = await self._apply_window(cursor)
+        gap = cursor.advance(head, seen, time.time(), held=held)
+        if gap is not None:
+            self.metrics.notification_gaps.inc()
+            await self._resync(f"events {gap.first}..{gap.last} are gone from the log", head)
+            return
+        if not await store.set_if_leader(
+            self.last_key, str(cursor.last).encode(), self.lease_key, self.token
+        ):
+            self.state.leader = False
+            self._cursor = None
+            return
+        self.state.last_applied = cursor.last
+        self._lag(head, cursor, seen)
+        if held is not None:
+            raise CacheUnavailable(
+                f"the invalidation of an event with id {held} did not reach the store; "
+                "following resumes there"
+            )
         self._check_log_is_written(head)
         await self._publish()
         self._succeeded()
+
+    def _cursor_at(self, last: int) -> LogCursor:
+        """This leader's cursor; a new one (re-reading a stretch behind ``last``) when the
+        position in the store is not where this proxy left it (another leader moved it)."""
+        if self._cursor is None or self._cursor.last != last:
+            self._cursor = LogCursor(last, time.time(), self.options.notification_window)
+        return self._cursor
+
+    async def _apply_window(self, cursor: LogCursor) -> tuple[list[Event], int | None]:
+        """Read every event from the cursor's floor up and apply those not applied yet.
+        Returns what was read and, if the store refused an invalidation, that event's id."""
+        seen: list[Event] = []
+        start = cursor.read_from()
+        while not self._stopping.is_set():
+            page = await self._events_after(start)
+            seen.extend(page)
+            for event in cursor.unapplied(page):
+                if not await self._apply(event):
+                    return seen, event.event_id  # ``last`` must not pass it
+                cursor.applied(event)
+            if len(page) < BATCH:
+                break
+            top = max(e.event_id for e in page)
+            # A page cut inside a run of equal ids: read that id again (applied ones are
+            # recognised), unless the whole page is that one id.
+            start = top - 1 if min(e.event_id for e in page) < top else top
+        return seen, None
 
     async def _publish(self) -> None:
         """Tell the standbys whether the log is followed (for --cache-iceberg-tables auto);
@@ -229,19 +254,27 @@ class NotificationFollower:
         (log.info if quiet else log.warning)(
             "notification log: %s; flushing the cache and following from event %d", reason, head
         )
+        cursor = LogCursor(head, time.time(), self.options.notification_window)
+        # What the log shows now is covered by the flush; only what shows up after it, in
+        # the stretch the cursor reads back, is to be applied.
+        covered = await self._events_after(cursor.read_from())
         await self.engine.flush()
+        for event in covered:
+            cursor.applied(event)
         await self.engine.store.set_if_leader(
             self.last_key, str(head).encode(), self.lease_key, self.token
         )
         self.state.last_applied = head
-        self._lag(head, head, [])
+        self._cursor = cursor
+        self._lag(head, self._cursor, [])
         await self._publish()
         self._succeeded()
 
-    def _lag(self, head: int, last: int, events: list[Event]) -> None:
+    def _lag(self, head: int, cursor: LogCursor, events: list[Event]) -> None:
+        last = cursor.last
         self.metrics.notification_last_event.set(last)
         self.metrics.notification_lag_events.set(max(0, head - last))
-        pending = [e for e in events if e.event_id > last]
+        pending = [e for e in events if e.event_id > last and not cursor.has_applied(e)]
         self.metrics.notification_lag_seconds.set(
             max(0.0, time.time() - pending[0].event_time) if pending else 0.0
         )

@@ -1,0 +1,211 @@
+"""The follower applies every event, whatever ids they share and in whatever order they show up.
+
+A scripted log stands in for the metastore: events are made visible between polls the way
+HMS 2.3 makes them under concurrent writes (HIVE-16886: one id for several events; a
+transaction's event visible after higher ids). Each poll is driven by hand, no sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from proxy import follower as follower_module
+from proxy.cache.events import Event
+from proxy.cache.store import MemoryStore
+from proxy.config import load
+from proxy.follower import NotificationFollower
+from proxy.log_cursor import LogCursor
+from proxy.metrics import Metrics
+from proxy.upstream import UpstreamPool
+from tests.unit.test_cache_engine import engine
+
+NOW = 1_000_000.0
+
+
+def event(event_id: int, table: str, *, at: float = NOW) -> Event:
+    return Event(event_id, int(at), "ALTER_TABLE", "db", table, f'{{"t": "{table}"}}', "json-0.2")
+
+
+class ScriptedLog:
+    """The notification log as the metastore shows it at one moment."""
+
+    def __init__(self) -> None:
+        self.visible: list[Event] = []
+        self.head = 0
+        self.reads: list[int] = []
+
+    def show(self, *events: Event) -> None:
+        self.visible.extend(events)
+        self.head = max([self.head, *(e.event_id for e in events)])
+
+    def after(self, last: int, limit: int) -> list[Event]:
+        self.reads.append(last)
+        found = sorted((e for e in self.visible if e.event_id > last), key=lambda e: e.event_id)
+        return found[:limit]
+
+
+class Rig:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, window: str = "30") -> None:
+        self.clock = [NOW]
+        monkeypatch.setattr(follower_module.time, "time", lambda: self.clock[0])
+        self.log = ScriptedLog()
+        self.applied: list[tuple[int, str | None]] = []
+        self.refuse: set[tuple[int, str | None]] = set()
+        self.flushes = 0
+        store = MemoryStore(1 << 20)
+        e = engine(store)
+        options = load({"upstream": "thrift://h:1", "notification_window": window}, {})
+        self.follower = f = NotificationFollower(
+            options, e, UpstreamPool(options, Metrics()), Metrics()
+        )
+
+        async def current() -> int:
+            return self.log.head
+
+        async def after(last: int) -> list[Event]:
+            return self.log.after(last, follower_module.BATCH)
+
+        async def apply(ev: Event) -> bool:
+            if (ev.event_id, ev.table) in self.refuse:
+                return False
+            self.applied.append((ev.event_id, ev.table))
+            return True
+
+        async def flush() -> None:
+            self.flushes += 1
+
+        monkeypatch.setattr(f, "_current_id", current)
+        monkeypatch.setattr(f, "_events_after", after)
+        monkeypatch.setattr(f, "_apply", apply)
+        monkeypatch.setattr(e, "flush", flush)
+
+    def poll(self, seconds_later: float = 1.0) -> None:
+        self.clock[0] += seconds_later
+        asyncio.run(self.follower.poll())
+
+    def tables_applied(self) -> list[str | None]:
+        return [t for _, t in self.applied]
+
+
+@pytest.fixture
+def rig(monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
+    r = Rig(monkeypatch)
+    r.log.show(event(1, "seed"))
+    r.poll()  # the first poll on a store starts at the head (after a flush)
+    assert r.flushes == 1
+    r.poll()  # what the log showed before the flush is covered by it: not applied again
+    assert r.applied == []
+    yield r
+
+
+def test_events_that_share_an_id_in_one_read_are_all_applied(rig: Rig) -> None:
+    """HMS 2.3 under ten concurrent alter_tables: ten events, a few ids."""
+    rig.log.show(*(event(2 + i // 4, f"t{i}") for i in range(10)))
+    rig.poll()
+    assert sorted(rig.tables_applied()) == sorted(f"t{i}" for i in range(10))
+    assert rig.follower.state.last_applied == 4
+    rig.poll()  # read again in the window, recognised: nothing applied twice
+    assert len(rig.applied) == 10
+
+
+def test_an_event_with_an_id_already_passed_is_applied_when_it_shows_up(rig: Rig) -> None:
+    rig.log.show(event(2, "a"), event(3, "b"))
+    rig.poll()
+    assert rig.follower.state.last_applied == 3
+    rig.log.show(event(2, "late"))  # committed later, with an id the follower passed
+    rig.poll(5)
+    assert rig.tables_applied() == ["a", "b", "late"]
+    assert rig.flushes == 1
+
+
+def test_a_missing_id_is_waited_for_then_applied(rig: Rig) -> None:
+    rig.log.show(event(3, "b"))  # 2 is still committing
+    rig.poll()
+    assert rig.tables_applied() == ["b"]  # applied at once, but the position waits at 1
+    assert rig.follower.state.last_applied == 1
+    rig.log.show(event(2, "a"))
+    rig.poll(10)
+    assert rig.tables_applied() == ["b", "a"]
+    assert rig.follower.state.last_applied == 3
+    assert rig.flushes == 1
+
+
+def test_an_id_missing_longer_than_the_window_is_a_gap(rig: Rig) -> None:
+    rig.log.show(event(3, "b"))
+    rig.poll()
+    rig.poll(20)
+    assert rig.flushes == 1
+    rig.poll(11)  # 31 s: the write behind id 2 will not be seen; flush
+    assert rig.flushes == 2
+    assert rig.follower.metrics.notification_gaps._value.get() == 1
+    assert rig.follower.state.last_applied == 3
+
+
+def test_a_missing_id_before_old_events_is_a_gap_at_once(rig: Rig) -> None:
+    """What follows the hole is older than the window: purged by the cleaner, not in flight."""
+    rig.log.show(event(5, "b", at=NOW - 3600))
+    rig.poll()
+    assert rig.flushes == 2
+
+
+def test_ids_the_sequence_passed_with_nothing_visible_are_a_gap(rig: Rig) -> None:
+    rig.log.head = 7  # events 2..7 were logged and purged before this poll
+    rig.poll()
+    assert rig.flushes == 2
+    assert rig.follower.state.last_applied == 7
+
+
+def test_a_page_cut_inside_a_run_of_equal_ids_misses_none(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(follower_module, "BATCH", 4)
+    rig.log.show(*(event(2 + i // 3, f"t{i}") for i in range(12)))
+    rig.poll()
+    assert sorted(rig.tables_applied()) == sorted(f"t{i}" for i in range(12))
+    assert rig.follower.state.last_applied == 5
+
+
+def test_a_refused_invalidation_holds_the_position_and_is_applied_again(rig: Rig) -> None:
+    rig.log.show(event(2, "a"), event(2, "b"), event(3, "c"))
+    rig.refuse.add((2, "b"))
+    with pytest.raises(follower_module.CacheUnavailable):
+        rig.poll()
+    assert rig.follower.state.last_applied == 1
+    rig.refuse.clear()
+    rig.poll()
+    assert sorted(rig.tables_applied()) == ["a", "b", "c"]
+    assert rig.follower.state.last_applied == 3
+
+
+def test_a_new_leader_reads_back_and_applies_again_what_it_cannot_know(rig: Rig) -> None:
+    rig.log.show(event(2, "a"))
+    rig.poll()
+    rig.follower._cursor = None  # as a proxy taking over finds the position in the store
+    rig.log.show(event(2, "late"))
+    rig.poll()
+    assert rig.tables_applied() == ["a", "seed", "a", "late"]  # seed and a: again
+
+
+def test_the_window_forgets_what_it_no_longer_reads() -> None:
+    cursor = LogCursor(10, NOW, window=30)
+    assert cursor.read_from() == 0  # a new cursor reads back up to 1,000 ids
+    events = [event(i, f"t{i}") for i in range(11, 21)]
+    for e in events:
+        cursor.applied(e)
+    assert cursor.advance(20, events, NOW + 1, held=None) is None
+    assert cursor.last == 20
+    assert cursor.read_from() == 0  # a new cursor reads back that far for a window
+    assert cursor.advance(20, events, NOW + 30.5, held=None) is None
+    assert cursor.read_from() == 0  # 30 s ago it still stood back
+    assert cursor.advance(20, events, NOW + 40, held=None) is None
+    assert cursor.read_from() == 20  # nothing moved in the last 30 s
+    assert not cursor.has_applied(events[0])
+
+
+def test_an_event_that_shows_up_below_the_head_after_a_flush_is_applied(rig: Rig) -> None:
+    rig.log.show(event(1, "committed-after-the-flush"))  # id 1, like the seed, but later
+    rig.poll()
+    assert rig.tables_applied() == ["committed-after-the-flush"]
