@@ -592,6 +592,16 @@ class Options:
         "another proxy)",
         metavar="SECONDS",
     )
+    redis_write_trust: float = _opt(
+        2.0,
+        parse_seconds,
+        "a proxy serves from Redis only while Redis took one of its writes (a probe every "
+        "0.25 s) within this long, and again this long after writes are taken again; a "
+        "write's or lock's fence that Redis refuses while it serves reads (paused, "
+        "NOREPLICAS, MISCONF, READONLY, OOM) is retried this long before the call goes "
+        "ahead, so that no proxy serves what it changes from the old versions",
+        metavar="SECONDS",
+    )
     ttl_catalog: float = _opt(
         60.0, parse_seconds, "seconds database lists (and privileges) are cached", metavar="SECONDS"
     )

@@ -99,7 +99,11 @@ class LockFences:
             return None
         ticket = Ticket(LockRecord(os.urandom(8).hex(), plan.fences, plan.txnid))
         try:
-            await self.store.mark(self._items(ticket.record), self._deadline(), plan.bumps)
+            # Refused while Redis serves reads: retried until no proxy trusts what it
+            # reads there (store.insist), before the lock goes ahead unfenced.
+            await self.store.insist(
+                lambda: self.store.mark(self._items(ticket.record), self._deadline(), plan.bumps)
+            )
         except CacheUnavailable as exc:
             log.warning(
                 "cache: could not fence the tables of a lock (%s); this proxy serves no hits "

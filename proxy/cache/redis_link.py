@@ -26,6 +26,8 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,6 +42,7 @@ from proxy.cache.redis_commands import FENCE_SUFFIX, Op
 from proxy.cache.redis_tls import refusal
 from proxy.cache.store import CacheUnavailable, Standing
 from proxy.cache.tracking import InvalidationStreams, Place
+from proxy.cache.write_trust import PROBE_EVERY, WriteTrust
 from proxy.loop import closed_transport
 from proxy.metrics import Metrics
 from proxy.retry import Backoff, Breaker
@@ -79,6 +82,7 @@ class RedisLink:
         breaker: Breaker | None = None,
         tracking_prefix: str | None = None,
         tracking_max_lag: float = 1.0,
+        write_trust: float = 2.0,
         mirror_bytes: int = 32 << 20,
         clients: int = 0,
     ) -> None:
@@ -111,6 +115,9 @@ class RedisLink:
                 timeout=timeout,
             )
         self._retracking: asyncio.Task[None] | None = None
+        self.write_trust = WriteTrust(write_trust, timeout)
+        self._probing: asyncio.Task[None] | None = None
+        self._probe_keys: list[tuple[Place, str]] = []
         # Without a coherent copy nothing in process is trusted: every hit reads Redis.
         self.standing = self.mirror.standing if self.mirror is not None else Standing(-math.inf)
 
@@ -200,7 +207,47 @@ class RedisLink:
         log.info(
             "cache: connected to %s Redis at %s", "cluster" if cluster else "single", self._safe_url
         )
+        token = os.urandom(6).hex()
+        self._probe_keys = [
+            (place, f"hmsproxy:probe:{{{tag}}}:{token}")
+            for place, tag in zip(places, self._beat_tags(places), strict=True)
+        ]
+        if self._probing is None or self._probing.done():
+            self._probing = asyncio.get_running_loop().create_task(self._probe())
+            self._tasks.add(self._probing)
         self._track(places)
+
+    async def _probe(self) -> None:
+        """Is Redis taking this proxy's writes? (:mod:`.write_trust`)"""
+        while not self._closed:
+            if not await self._probe_once() and self.mirror is not None:
+                # Versions kept in process may be ones another proxy could not bump.
+                self.mirror.forget_everything()
+            await asyncio.sleep(PROBE_EVERY)
+
+    async def _probe_once(self) -> bool:
+        """Set a key of this proxy's on every node; on a failure, ping (reads served?)."""
+        taken = False
+        if self._client is not None and self._probe_keys:
+            sends = [
+                self._send_to(place, [("SET", key, "1", "PX", "10000")])
+                for place, key in self._probe_keys
+            ]
+            outcomes = await asyncio.gather(*sends, return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                    raise outcome
+            taken = all(
+                isinstance(o, list) and not any(isinstance(r, Exception) for r in o)
+                for o in outcomes
+            )
+        now = time.monotonic()
+        if taken:
+            self.write_trust.taken(now)
+            return True
+        answered = self._client is not None and await self.ping()
+        self.write_trust.refused(time.monotonic(), answered=answered)
+        return False
 
     def _track(self, places: list[Place]) -> None:
         """(Re)start the invalidation streams, one per node."""

@@ -13,6 +13,8 @@ what the cache asks of the store, as Redis does it:
 * **Eviction-safe invalidation.** A bump that Redis refuses (out of memory under
   ``noeviction``) falls back to deleting the version hash, which Redis allows even when full
   and which invalidates at least as much.
+* **Read only while writes are taken** (:mod:`.write_trust`): a Redis that refuses this
+  proxy's writes but serves reads would serve what other proxies could not invalidate.
 * Anything that fails raises :class:`CacheUnavailable`: the call is answered from the HMS.
 """
 
@@ -20,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from proxy.cache import locks, resp
 from proxy.cache.keys import COORDINATION, EPOCH, Bump
@@ -45,8 +47,11 @@ from proxy.cache.store import (
     new_epoch,
     note_fences,
 )
+from proxy.cache.write_trust import insist
 from proxy.metrics import Metrics
 from proxy.retry import Breaker
+
+T = TypeVar("T")
 
 # A version hash touched (its life extended) by this proxy this recently is not touched again
 # by a fill: every touch is a change Redis tells every proxy's mirror about. Its life is at
@@ -70,6 +75,7 @@ class RedisStore(RedisLink):
         fence_ttl: float = 300.0,
         tracking_prefix: str | None = None,
         tracking_max_lag: float = 1.0,
+        write_trust: float = 2.0,
         mirror_bytes: int = 32 << 20,
         clients: int = 0,
     ) -> None:
@@ -81,6 +87,7 @@ class RedisStore(RedisLink):
             breaker=breaker,
             tracking_prefix=tracking_prefix,
             tracking_max_lag=tracking_max_lag,
+            write_trust=write_trust,
             mirror_bytes=mirror_bytes,
             clients=clients,
         )
@@ -97,7 +104,8 @@ class RedisStore(RedisLink):
     def local(self, versions: Mapping[str, Sequence[str]]) -> Versions | None:
         """The versions asked for, from the mirror, if it may answer for all of them."""
         mirror = self.mirror
-        if mirror is None or not mirror.trusted(time.monotonic()):
+        now = time.monotonic()
+        if mirror is None or not mirror.trusted(now) or not self.write_trust.trusted(now):
             return None
         return mirror.get(versions)
 
@@ -118,6 +126,8 @@ class RedisStore(RedisLink):
                 return known, {}
         if not self.breaker.ready():
             raise CacheUnavailable("redis backing off after errors")
+        if not self.write_trust.trusted(time.monotonic()):
+            raise CacheUnavailable("redis is not taking this proxy's writes")
         ticket = mirror.ticket() if mirror is not None else 0
         if ticket and self.cluster and not self._all_tracked(versions):
             ticket = 0  # a node without a stream of ours: what it says cannot be kept
@@ -301,6 +311,9 @@ class RedisStore(RedisLink):
             if fields:
                 out[key] = fields
         return out
+
+    async def insist(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        return await insist(self.write_trust, attempt, self.breaker.try_now)
 
     async def put(self, key: str, value: bytes, ttl: float) -> None:
         await self._run("set", [op("set", key, value, px=max(1, int(ttl * 1000)))])

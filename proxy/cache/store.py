@@ -28,11 +28,13 @@ import math
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 from proxy.cache import locks
 from proxy.cache.keys import EPOCH, Bump
+
+T = TypeVar("T")
 
 
 class CacheUnavailable(Exception):
@@ -145,6 +147,11 @@ class Store(Protocol):
 
     async def put(self, key: str, value: bytes, ttl: float) -> None:
         """Set a side value for ``ttl`` seconds."""
+
+    async def insist(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt`` (a fence before a write or a lock goes ahead), retried while the store
+        answers reads but refuses it, until no other proxy trusts what it reads there
+        (:mod:`proxy.cache.write_trust`); raises ``CacheUnavailable`` if it never took it."""
 
     async def delete(self, key: str) -> None: ...
 
@@ -275,6 +282,9 @@ class MemoryStore:
         if key in self._side:
             return self._side[key]
         return (await self.lookup({}, [key]))[1][key]
+
+    async def insist(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        return await attempt()  # a store in process refuses nothing
 
     async def put(self, key: str, value: bytes, ttl: float) -> None:
         await self.save([(key, value, ttl)], [])

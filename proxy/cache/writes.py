@@ -142,9 +142,13 @@ class Invalidations:
         # not tell): the intent is kept all the same, so that end() lifts it if it is, rather
         # than leaving the table fenced, its reads all sent to the metastore, until the
         # fence's deadline.
+        # A fence Redis refuses while it serves reads is retried until no proxy trusts what
+        # it reads there (store.insist): only then may the write go ahead without it.
         granted: dict[str, list[str]] = {}
         with contextlib.suppress(CacheUnavailable):
-            granted = await self.store.fence(keys, intent, self.write_fence, plan.bumps)
+            granted = await self.store.insist(
+                lambda: self.store.fence(keys, intent, self.write_fence, plan.bumps)
+            )
         ends = tuple((key, name) for key in plan.ends_locks for name in granted.get(key, ()))
         return WriteIntent(intent, ends)
 
