@@ -24,6 +24,7 @@ from proxy.cache.resp import encoded_footprint
 from proxy.cache.store import MemoryStore, Store
 from proxy.config import Options, option_warnings
 from proxy.follower import NotificationFollower
+from proxy.freshness import FreshnessCheck
 from proxy.handler import CallHandler
 from proxy.http import MetricsServer
 from proxy.listing.service import ListingService
@@ -64,6 +65,7 @@ class Proxy:
     follower: NotificationFollower | None
     admin: AdminServer | None = None
     kerberos: Kerberos | None = None
+    freshness: FreshnessCheck | None = None
     _login_task: asyncio.Task[None] | None = None
     _trim_task: asyncio.Task[None] | None = None
 
@@ -119,6 +121,10 @@ class Proxy:
         service = AdminService(handler, cache, metrics, follower)
         listing = ListingService(options, service.calls, cache, metrics)
         proxy.kerberos = kerberos
+        if cache is not None and options.freshness_check_rate > 0:
+            proxy.freshness = FreshnessCheck(
+                options, cache, handler.forwarder, pool, metrics, follower
+            )
         proxy.admin = AdminServer(options, service, proxy.readiness_checks, listing)
         admin = proxy.admin
         proxy.http.readiness = lambda: (admin.ready, admin.shown_checks())
@@ -161,6 +167,8 @@ class Proxy:
             self.follower.start()
         if self.cache is not None:
             self.cache.locks.start()
+        if self.freshness is not None:
+            self.freshness.start()
         tune_garbage_collector()
         if self.options.malloc_trim_seconds > 0:
             self._trim_task = asyncio.create_task(keep_trimming(self.options.malloc_trim_seconds))
@@ -180,6 +188,8 @@ class Proxy:
                 task.cancel()
         if self.follower is not None:
             await self.follower.stop()
+        if self.freshness is not None:
+            await self.freshness.stop()
         await self.thrift.stop(self.options.drain_timeout)
         if self.cache is not None:
             await self.cache.locks.stop()
@@ -246,7 +256,12 @@ def build_cache(
             version_ttl=max(ttls.longest, options.ttl_listings) * 2 + 60,
             metrics=metrics,
             mode=options.redis_mode,
-            fence_ttl=max(options.write_fence_seconds, options.lock_fence_seconds),
+            # (A freshness quarantine is a fence too: see proxy.freshness.)
+            fence_ttl=max(
+                options.write_fence_seconds,
+                options.lock_fence_seconds,
+                options.freshness_quarantine,
+            ),
             tracking_prefix=options.redis_key_prefix if options.redis_tracking == "on" else None,
             tracking_max_lag=options.redis_tracking_max_lag,
             write_trust=options.redis_write_trust,

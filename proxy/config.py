@@ -113,6 +113,13 @@ def parse_non_negative_seconds(text: Any) -> float:
     return value
 
 
+def parse_non_negative_rate(text: Any) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"must be a number from 0 up, got {text!r}")
+    return value
+
+
 def parse_optional_path(text: Any) -> str | None:
     text = str(text).strip()
     return text or None
@@ -700,6 +707,22 @@ class Options:
         parse_non_negative_seconds,
         "while the metastore is unreachable, serve cached reads up to this many seconds past "
         "their TTL (0: never)",
+        metavar="SECONDS",
+    )
+    freshness_check_rate: float = _opt(
+        0.0,
+        parse_non_negative_rate,
+        "cache hits re-read from the metastore a second, at most, each compared with what "
+        "was served: a reply that differs with no write in between is counted "
+        "(hmsproxy_freshness_checks_total), logged, and its table answered from the "
+        "metastore for --freshness-quarantine (0: off)",
+        metavar="PER_SECOND",
+    )
+    freshness_quarantine: float = _opt(
+        300.0,
+        parse_non_negative_seconds,
+        "seconds a table whose cached reply the freshness check found stale is answered from "
+        "the metastore, by every proxy sharing the store (0: only invalidated)",
         metavar="SECONDS",
     )
     admin_listen: HostPort = _opt(

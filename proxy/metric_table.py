@@ -47,10 +47,11 @@ UPSTREAM_OUTCOMES = ("ok", "timeout", "connection_error", "protocol_error")
 LOOKUP_RESULTS = ("hit", "miss", "negative_hit", "bypass")
 CACHE_OPERATIONS = ("connect", "get", "set", "delete", "version")
 INVALIDATION_SCOPES = tuple(s.name.lower() for s in catalog.Scope if s.name)
-INVALIDATION_REASONS = ("write", "notification", "admin", "ttl")
+INVALIDATION_REASONS = ("write", "notification", "admin", "ttl", "freshness")
 LISTING_RESULTS = ("hit", "miss", "open")
 LISTING_SOURCES = ("cache", "storage")
 LOCK_FENCE_EVENTS = ("opened", "closed", "expired")
+FRESHNESS_RESULTS = ("match", "mismatch", "changed", "undecided", "failed")
 AUTH_MECHANISMS = ("gssapi", "digest-md5", "other")
 AUTH_RESULTS = ("ok", "failed", "unsupported", "protocol", "timeout")
 TOKEN_EVENTS = ("fetched", "fetch_failed", "refused")
@@ -386,6 +387,28 @@ METRICS: tuple[MetricSpec, ...] = (
         Gauge,
         "hmsproxy_lock_fences_active",
         "Fences this proxy opened for HMS locks that are still in place",
+    ),
+    MetricSpec(
+        "freshness_checks",
+        Counter,
+        "hmsproxy_freshness_checks",
+        "Cache hits re-read from the metastore by the freshness check (--freshness-check-"
+        "rate), by result: match; mismatch (the metastore answers otherwise and no write "
+        "explains it: a stale reply was served); changed (a write came in between: not "
+        "judged); undecided (the notification follower or the store could not tell in "
+        "time); failed (the metastore call failed)",
+        ("result",),
+        Wrap.CHILDREN,
+        start=(FRESHNESS_RESULTS,),
+    ),
+    # By method, from a method's first mismatch (the log names each one's table).
+    MetricSpec(
+        "freshness_mismatches",
+        Counter,
+        "hmsproxy_freshness_mismatches",
+        "Stale replies the freshness check found, by method",
+        ("method",),
+        Wrap.CHILDREN,
     ),
     MetricSpec(
         "client_connections",

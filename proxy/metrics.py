@@ -168,6 +168,8 @@ class Metrics:
     notification_gaps: Counter
     lock_fences: _Children
     lock_fences_active: Gauge
+    freshness_checks: _Children
+    freshness_mismatches: _Children
     client_connections: Gauge
     client_errors: _Children
     listing_lookups: _Children

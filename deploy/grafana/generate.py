@@ -632,6 +632,22 @@ def invalidation() -> list[Panel]:
             "s",
         ),
         timeseries(
+            "Freshness checks by result",
+            "Cache hits re-read from the metastore (--freshness-check-rate), per second, by "
+            "result: match; mismatch (a stale reply was served: no write explains the "
+            "difference; alert HmsProxyStaleReplies, the log names the table); changed (a "
+            "write came in between); undecided (the follower or the store could not tell in "
+            "time); failed (the metastore call failed).",
+            [
+                target(
+                    f"sum by (result) ({rate('hmsproxy_freshness_checks_total')})",
+                    "{{result}}",
+                )
+            ],
+            "ops",
+            stack=True,
+        ),
+        timeseries(
             "Notification follower, per proxy",
             "enabled: the proxy is set to follow the log; leader: it holds the follower lease "
             "(exactly one per Redis); active: the log is followed and moves with writes.",

@@ -37,6 +37,7 @@ from proxy.cache.plan import ReadPlan, WritePlan
 from proxy.cache.planner import Planner
 from proxy.cache.reads import ReadCall, Seen, Served, WholeReads
 from proxy.cache.ready import Ready
+from proxy.cache.sampling import Sampler
 from proxy.cache.store import MemoryStore, Store
 from proxy.cache.writes import MAX_PENDING, Changes, Invalidations, WriteIntent
 from proxy.catalog import MethodSpec
@@ -130,6 +131,9 @@ class CacheEngine:
             whole=self.whole,
         )
         self.locks = LockFences(store, self.naming, metrics, lock_fence, self.invalidations.defer)
+        # Hits for the freshness check (proxy.freshness), when it wants one: the hits that
+        # need no await decline while it does (see proxy.cache.sampling).
+        self.freshness = Sampler()
         # Plans by a digest of the request (not its bytes: a client decides how big those are).
         self._plans: BoundedMemo[bytes, ReadPlan | None] = BoundedMemo(PLAN_ENTRIES, PLAN_BYTES)
         self._repeats: BoundedMemo[tuple[bytes | None, bytes], ReadPlan] = BoundedMemo(

@@ -281,7 +281,9 @@ class WholeReads:
         if ready.table is not None and self.seen is not None:
             self.seen.looked_up(ready.table, ready.seen_hit)
 
-    async def lookup(self, plan: ReadPlan) -> Verdict:
+    async def lookup(self, plan: ReadPlan, *, fresh: bool = False) -> Verdict:
+        """``fresh``: judged against the versions as the store has them now, never a copy
+        in process (the freshness check's look-up)."""
         if self.pending.pending and not await self.pending.settled():
             return BYPASS
         front = self.l1.get(plan.key) if self.l1 is not None else None
@@ -292,7 +294,7 @@ class WholeReads:
             versions, found = await self.store.lookup(
                 plan.grouped,
                 [] if front is not None else [plan.key],
-                fresh=front is not None and front.iceberg,
+                fresh=fresh or (front is not None and front.iceberg),
             )
         except CacheUnavailable:
             return BYPASS

@@ -98,6 +98,7 @@ class Again:
         "length",
         "ready",
         "requests",
+        "sampler",
         "seen",
         "spent",
         "standing",
@@ -126,6 +127,7 @@ class Again:
         # What decides, beside the Ready: the store's generation, pending invalidations.
         self.standing = cache.store.standing
         self.invalidations = cache.invalidations
+        self.sampler = cache.freshness  # (it wants a hit: the ordinary way records it)
         # What is counted.
         self.requests = metrics.requests.labels(ready.method, parts[2])
         self.duration = metrics.request_duration.labels(ready.method, "cache")
@@ -159,6 +161,7 @@ class Again:
             or now > standing.until  # the versions kept in process are not trusted now
             or now >= ready.deadline  # the entry expired
             or self.invalidations.pending  # a write's invalidation not applied yet
+            or self.sampler.want  # the freshness check wants a hit (proxy.cache.sampling)
             or transport.get_write_buffer_size()  # (the session's writes keep the order)
             or transport.is_closing()
         ):

@@ -224,6 +224,8 @@ class CallHandler:
         header = message.header
         if cache is None or header.type != MessageType.CALL or session.pinned is not None:
             return None
+        if cache.freshness.want:  # the ordinary way records it for the freshness check
+            return None
         spec = catalog.lookup(header.name)
         if spec is None or spec.kind is not Kind.CACHEABLE_READ:
             return None
@@ -254,7 +256,7 @@ class CallHandler:
         ``None`` if it is known and not a hit to answer at once; ``False`` if the bytes are
         not known (then ask :meth:`serve_hit_now`)."""
         cache = self.cache
-        if cache is None or session.pinned is not None:
+        if cache is None or session.pinned is not None or cache.freshness.want:
             return None
         started = time.perf_counter()
         try:

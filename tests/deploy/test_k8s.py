@@ -600,6 +600,10 @@ def test_the_proxy_starts_with_its_configuration_and_is_probed_as_it_expects(
         needed = options.memory_cache_bytes + PROXY_MEMORY_HEADROOM
         assert limit >= needed, f"{where}: memory limit {limit} < {needed}"
 
+        # The freshness check is on, a few metastore calls a minute (README.md, "Coherence
+        # guarantees"): stale replies are seen in production.
+        assert 0 < options.freshness_check_rate <= 1, f"{where}: freshness check"
+
         # Service links would set HMS_CACHE_PROXY_PORT & co. for a Service named
         # hms-cache-proxy in the namespace, and the proxy refuses unknown HMS_CACHE_PROXY_*.
         assert spec.get("enableServiceLinks") is False, where

@@ -486,6 +486,9 @@ def test_dashboard_shows_every_metric_the_proxy_exports() -> None:
     not_shown = {
         # An event id: the lag gauges and the events counter say what it would.
         "hmsproxy_notification_last_event_id",
+        # By method, from a method's first stale reply (no series before: a live scrape
+        # has none); the freshness panel shows them as mismatches, the log names the tables.
+        "hmsproxy_freshness_mismatches",
     }
     text = generate_latest(Metrics().registry).decode()
     exported = {f.name for f in text_string_to_metric_families(text)}
@@ -590,6 +593,7 @@ def test_alerts_have_a_duration_severity_and_annotations() -> None:
         "HmsProxyNotificationNoLeader",
         "HmsProxyNotificationLogInactive",
         "HmsProxyHighErrorRate",
+        "HmsProxyStaleReplies",
     }
     assert required <= {a["alert"] for a in alerts()}
     for alert in alerts():
