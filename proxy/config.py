@@ -658,7 +658,7 @@ class Options:
         1.0, parse_seconds, "seconds between polls of the notification log", metavar="SECONDS"
     )
     notification_window: float = _opt(
-        30.0,
+        10.0,
         parse_seconds,
         "how late an event may become visible in the notification log: each poll re-reads "
         "this far back (at most 1,000 events) for events that share an id with one applied "
