@@ -227,7 +227,7 @@ class RedisLink:
 
     async def _probe_once(self) -> bool:
         """Set a key of this proxy's on every node; on a failure, ping (reads served?)."""
-        taken = False
+        taken = refused = False
         if self._client is not None and self._probe_keys:
             sends = [
                 self._send_to(place, [("SET", key, "1", "PX", "10000")])
@@ -237,16 +237,14 @@ class RedisLink:
             for outcome in outcomes:
                 if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
                     raise outcome
-            taken = all(
-                isinstance(o, list) and not any(isinstance(r, Exception) for r in o)
-                for o in outcomes
-            )
-        now = time.monotonic()
+            replies = [r for o in outcomes if isinstance(o, list) for r in o]
+            refused = any(isinstance(r, resp.RespError) for r in replies)
+            taken = len(replies) == len(sends) and not refused
         if taken:
-            self.write_trust.taken(now)
+            self.write_trust.taken(time.monotonic())
             return True
         answered = self._client is not None and await self.ping()
-        self.write_trust.refused(time.monotonic(), answered=answered)
+        self.write_trust.not_taken(time.monotonic(), refused=refused, answered=answered)
         return False
 
     def _track(self, places: list[Place]) -> None:

@@ -9,16 +9,17 @@ would go on reading the old versions and serving the old entries. So:
   own on every node (a write, refused like any other), and pings when that fails (are reads
   still served?).
 * **Trust lapses.** Versions and entries read from Redis are used only while a probe was
-  taken within ``trust_for`` seconds and none was refused since. A proxy whose writes Redis
-  stopped taking answers from the metastore within ``trust_for`` of the last one it took.
+  taken within ``trust_for`` seconds and none was refused (an error reply) since. A proxy
+  whose writes Redis stopped taking answers from the metastore within ``trust_for`` of the
+  last one it took.
 * **A refused write waits for that.** A write's fence (or a lock's) that Redis refuses while
   it answers reads is retried until Redis takes it or ``hold`` (``trust_for`` and a deadline)
   has passed: by then every proxy has stopped trusting Redis, since the same refusal met
   their probes. Only then is the write forwarded (its invalidation kept pending, as for any
   store failure).
-* **Probation after.** When writes are taken again, trust returns ``trust_for`` later, not at
-  once: long enough for the writers' pending invalidations (retried within a second) to land
-  first.
+* **Probation after.** When writes are taken again after trust lapsed, it returns
+  ``trust_for`` and a deadline later, not at once: long enough for the writers' pending
+  invalidations (retried within a second) to land first.
 
 The embedded store cannot refuse; it has none of this.
 """
@@ -54,14 +55,17 @@ class WriteTrust:
         self._since = -math.inf  # when writes were taken again after a refusal
 
     def taken(self, now: float) -> None:
-        if self._refused:
-            self._refused = False
-            self._since = now
+        if self._taken_at > -math.inf and (self._refused or now - self._taken_at > self.trust_for):
+            self._since = now  # trust had lapsed: probation (a proxy starting has none)
+        self._refused = False
         self._taken_at = self._answered_at = now
 
-    def refused(self, now: float, *, answered: bool) -> None:
-        """A probe was not taken; ``answered``: Redis still answers reads (a ping)."""
-        self._refused = True
+    def not_taken(self, now: float, *, refused: bool, answered: bool) -> None:
+        """A probe was not taken: ``refused`` by an error reply (trust ends at once; a
+        probe that timed out, perhaps only late on a busy machine, lets it lapse with time);
+        ``answered``: Redis still answers reads (a ping)."""
+        if refused:
+            self._refused = True
         if answered:
             self._answered_at = now
 
@@ -73,8 +77,10 @@ class WriteTrust:
         )
 
     def answering(self, now: float) -> bool:
-        """Whether Redis answered within ``trust_for``: peers may be reading from it."""
-        return now - self._answered_at <= self.trust_for
+        """Whether Redis answered within ``hold``: peers may still be trusting it (their last
+        write taken is no older than this proxy's last answer, a probe interval and a
+        deadline aside)."""
+        return now - self._answered_at <= self.hold
 
 
 async def insist(

@@ -172,9 +172,18 @@ def test_a_stalled_stream_sends_hits_to_redis(
     hms: MetastoreServer, proxy_factory: ProxyFactory, own_redis: RedisServer, sample: Sample
 ) -> None:
     # CLIENT PAUSE WRITE holds every write (the beats too) and lets reads through: the
-    # stream delivers nothing, so after the bound the proxy no longer trusts its copy.
+    # stream delivers nothing, so after the bound the proxy no longer trusts its copy. (A
+    # proxy whose own writes are held stops reading Redis at all after --redis-write-trust:
+    # test_redis_refusals; set long here, to see the stream's own bound alone.)
     proxy = proxy_factory(
-        "--redis", own_redis.url, "--redis-tracking-max-lag", str(MAX_LAG), "--redis-timeout", "1"
+        "--redis",
+        own_redis.url,
+        "--redis-tracking-max-lag",
+        str(MAX_LAG),
+        "--redis-timeout",
+        "1",
+        "--redis-write-trust",
+        "60",
     )
     eventually(lambda: trusted(proxy), what="the stream delivering")
     read = table_read(sample)

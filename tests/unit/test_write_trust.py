@@ -23,24 +23,40 @@ def test_trust_lapses_when_writes_stop_being_taken_and_returns_after_probation()
     trust.taken(10.0)
     assert trust.trusted(11.9)
     assert not trust.trusted(12.1)  # no write taken for longer than trust_for: a pause
-    trust.taken(12.2)
-    assert trust.trusted(12.2)  # nothing was refused: taken late (a busy machine) is fine
-    trust.refused(12.4, answered=True)
-    assert not trust.trusted(12.4)  # refused: at once
-    trust.taken(13.0)
-    trust.taken(14.0)
-    assert not trust.trusted(14.9)  # writes taken again, but writers' pending bumps first
-    trust.taken(15.0)
-    assert trust.trusted(15.1)
+    trust.taken(14.5)  # taken again after 4.5 s: trust lapsed
+    assert not trust.trusted(14.5)  # writers' pending bumps land first (probation)
+    trust.taken(16.0)
+    assert trust.trusted(16.6)
+
+
+def test_a_late_probe_within_trust_for_lapses_nothing() -> None:
+    trust = WriteTrust(2.0, 0.05)
+    trust.taken(10.0)
+    trust.not_taken(10.5, refused=False, answered=True)  # timed out: a busy machine, a pause
+    assert trust.trusted(11.0)
+    trust.taken(11.9)
+    assert trust.trusted(11.9)
+
+
+def test_a_refused_probe_ends_trust_at_once() -> None:
+    trust = WriteTrust(2.0, 0.05)
+    trust.taken(10.0)
+    trust.not_taken(10.2, refused=True, answered=True)  # NOREPLICAS, READONLY, MISCONF, OOM
+    assert not trust.trusted(10.2)
+    trust.taken(10.4)
+    trust.taken(12.0)
+    assert not trust.trusted(12.4)  # probation: trust_for and a deadline after 10.4
+    assert trust.trusted(12.5)
 
 
 def test_a_redis_that_answers_is_waited_for_one_that_does_not_is_not() -> None:
     trust = WriteTrust(2.0, 0.05)
     trust.taken(0.0)
-    trust.refused(1.0, answered=True)
+    trust.not_taken(1.0, refused=True, answered=True)
     assert trust.answering(2.9)
-    trust.refused(1.5, answered=False)
-    assert not trust.answering(3.1)
+    trust.not_taken(1.5, refused=False, answered=False)
+    assert trust.answering(1.0 + trust.hold)
+    assert not trust.answering(1.01 + trust.hold)
 
 
 def test_a_refused_fence_is_retried_until_taken(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,7 +88,7 @@ def test_a_fence_refused_for_the_whole_hold_gives_up(monkeypatch: pytest.MonkeyP
     trust.taken(100.0)
 
     async def fence() -> None:
-        trust.refused(clock[0], answered=True)  # the probes meet the same refusal
+        trust.not_taken(clock[0], refused=True, answered=True)  # the probes meet the same refusal
         raise CacheUnavailable("MISCONF")
 
     with pytest.raises(CacheUnavailable):
