@@ -11,10 +11,12 @@
  * Hive's escaping (FileUtils.escapePathName) writes a control character, 0x7f and each of
  * "#%'*:=?\/{[]^ as %XX in upper-case hex and leaves everything else as it is, so a name the
  * metastore wrote is one whose every '%' starts such an escape of such a character and whose
- * other characters are none of them; column names are lower case. Names of ASCII only are
- * judged here; a name with any other byte (its UTF-8 to check, Unicode's lower case to
- * apply) goes to the Python twin, given to configure(). The tests hold the two to the same
- * answers.
+ * other characters are none of them; column names are lower case. A name ending with a blank
+ * is refused as well: the database matches it to the name without (PAD SPACE comparison),
+ * so the partition it finds is not certain (keys.certain_partition_name). Names of ASCII
+ * only are judged here; a name with any other byte goes to the Python twin, given to
+ * configure() (which refuses it too, today: keys.certain_partition_name). The tests hold the
+ * two to the same answers.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -108,7 +110,7 @@ static PyObject *name_parts(PyObject *module, PyObject *raw) {
     for (Py_ssize_t i = 0; i < size; i++)
         if (name[i] >= 128)
             return PyObject_CallOneArg(fallback, raw);
-    if (size == 0)
+    if (size == 0 || name[size - 1] == ' ')  /* (a trailing blank: not certain) */
         Py_RETURN_NONE;
 
     /* Columns: the keys as written (an escape in one unescapes to a character that is not

@@ -28,13 +28,13 @@ are found by their keys first, then the pass is made.
 
 Anything else takes the planned way, which decides again: a name of other columns, an
 entry not in process or not judged since a change, two spellings of one partition, a name
-that does not parse, text that is not UTF-8, invalidations pending, the versions in
-process not trusted. A request is answered this way once only (told by the hash of its
-arguments' bytes, whoever asks: with ``--cache-scope user``, once for all users): the second
-time the planned way keeps it whole (:meth:`.partition_reads.PartitionReads._keep_whole`),
-and from then on it is one entry. A request that names a partition the metastore does not
-have is never kept whole: the planned way forgets it was asked, and it is assembled each
-time.
+that does not parse or is not certain (see :mod:`.keys`), text that is not UTF-8,
+invalidations pending, the versions in process not trusted. A request is answered this way
+once only (told by the hash of its arguments' bytes, whoever asks: with ``--cache-scope
+user``, once for all users): the second time the planned way keeps it whole
+(:meth:`.partition_reads.PartitionReads._keep_whole`), and from then on it is one entry. A
+request that names a partition the metastore does not have is never kept whole: the planned
+way forgets it was asked, and it is assembled each time.
 """
 
 from __future__ import annotations
@@ -136,10 +136,10 @@ class Variants:
         perhaps let go or kept anew since: judging it tells), else found by its entry key
         (``peek``) and remembered; every one by its key if ``afresh``. ``None`` where the
         planner would not plan the request per partition with this variant (a name that is
-        not UTF-8, does not parse, or is of other columns), for no names, and as soon as a
-        name's partition is not held (a name new
-        to the names memo is parsed only while the partitions before it are held: a
-        request of partitions not in process is planned without parsing each name twice)."""
+        not UTF-8, does not parse, is not certain, or is of other columns), for no names,
+        and as soon as a name's partition is not held (a name new to the names memo is
+        parsed only while the partitions before it are held: a request of partitions not in
+        process is planned without parsing each name twice)."""
         if not names:
             return None
         found = variant.found

@@ -22,7 +22,8 @@ from enum import Enum
 from proxy import iceberg, idl
 from proxy.cache import entry as codec
 from proxy.cache import locks
-from proxy.cache.keys import EPOCH
+from proxy.cache import partitions as parts
+from proxy.cache.keys import EPOCH, partition_field
 from proxy.cache.plan import ReadPlan, VersionRef, group
 from proxy.cache.store import FENCED, Versions
 from proxy.wire.binary import MessageType
@@ -181,6 +182,20 @@ def exception_name(method: str, body: bytes) -> str | None:
     return spec[2].__name__ if spec and len(spec) == 4 and hasattr(spec[2], "__name__") else "?"
 
 
+def holds_only_named(plan: ReadPlan, body: bytes) -> bool:
+    """Whether every partition a reply holds is one its plan depends on by that partition's
+    own version: one the request did not name (the database matched a name loosely, the
+    metastore reordered a name's columns) would be kept under versions that a write to it
+    does not move. Only replies of partition objects are read; others say yes."""
+    if plan.method not in parts.PARTITION_REPLIES:
+        return True
+    held = parts.reply_partition_values(plan.method, body)
+    if held is None:
+        return False
+    named = {ref.field for ref in plan.refs}
+    return all(partition_field(values) in named for values in held)
+
+
 def storable(
     plan: ReadPlan, reply: Message, *, max_bytes: int, serve_iceberg: bool
 ) -> tuple[int, float] | None:
@@ -189,6 +204,8 @@ def storable(
         return None
     failure = exception_name(plan.method, reply.body)
     if failure is None:
+        if not holds_only_named(plan, reply.body):
+            return None
         if iceberg.reply_has_iceberg_table(plan.method, reply.body):
             return (codec.ICEBERG, plan.ttl) if serve_iceberg else None
         return 0, plan.ttl

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy import catalog
-from proxy.cache.keys import DatabaseRef, PartitionNameError, TableRef, parse_partition_name
+from proxy.cache.keys import (
+    DatabaseRef,
+    PartitionNameError,
+    TableRef,
+    loose_partition_values,
+    parse_partition_name,
+)
 from proxy.cache.plan import FLUSH, WritePlan
 from proxy.cache.planner import Planner
 from proxy.catalog import Scope
@@ -130,6 +136,16 @@ def _values_of_maps(maps: Any) -> list[tuple[str, ...]] | None:
 
 
 def _partition_values(body: dict[str, Any]) -> list[tuple[str, ...]] | None:
+    """The partitions an event names, as value tuples; ``None`` if it does not say, or if
+    one is a partition whose name the database matches loosely (``ds=1 `` is found by
+    ``ds=1`` too: reads of either may hold it, see :mod:`.keys`)."""
+    out = _named(body)
+    if out is None or any(loose_partition_values(values) for values in out):
+        return None
+    return out
+
+
+def _named(body: dict[str, Any]) -> list[tuple[str, ...]] | None:
     """The partitions an event names, as value tuples; ``None`` if it does not say."""
     listed = body.get("partitionListJson")
     if isinstance(listed, list) and listed:

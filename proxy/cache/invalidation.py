@@ -6,6 +6,12 @@ the version fields to bump, or epochs to replace, for everything it may have cha
 :class:`Invalidation` collects the bumps, for a write here and for a notification event or an
 admin request elsewhere (see :mod:`.events`). Where a write's targets cannot be pinned down, it
 flushes everything: when in doubt, miss.
+
+Names are taken as the metastore takes them (:func:`.keys.hms_identifier`: ``'T '`` is the
+table ``t``). A name that is not :func:`.keys.certain_identifier` once trimmed (beyond
+ASCII, where Python's lower case need not be Java's) invalidates every table of its
+database, a database name of that kind everything; a partition the database may match
+loosely (a name ending with a blank) all of its table's partitions.
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ from proxy.cache.keys import (
     DatabaseRef,
     Naming,
     TableRef,
+    certain_identifier,
+    database_part,
+    java_trim,
     partition_field,
 )
 from proxy.cache.named_partitions import partition_values
@@ -58,20 +67,30 @@ def plan_write(naming: Naming, spec: MethodSpec, args: Any | None) -> WritePlan:
         parts = partition_values(target.partitions, args) if target.partitions else []
         cascade = bool(spec.cascade and _cascades(catalog.resolve(spec.cascade, args)))
         for db in dbs:
+            if not certain_identifier(java_trim(database_part(db))):
+                return FLUSH  # which database the metastore takes it for: not certain
             database = _database(db, args, target.db)
             if scope & Scope.DATABASE:
                 inv.database(database)
             if not target.table and scope & Scope.TABLE:
                 inv.all_tables_of(database)  # tables change and we do not know which
             for name in names:
-                inv.table(TableRef.of(db, name), scope, parts, cascade=cascade)
+                if certain_identifier(java_trim(name)):
+                    inv.table(TableRef.of(db, name), scope, parts, cascade=cascade)
+                else:  # which table: not certain (see the module's docstring)
+                    inv.database(database)
+                    inv.all_tables_of(database)
     if spec.renamed_to is not None:
         old_tables = list(inv.tables)
         for new in catalog.resolve(spec.renamed_to, args):
             new_db, new_name = getattr(new, "dbName", None), getattr(new, "tableName", None)
             if not isinstance(new_db, str) or not isinstance(new_name, str):
                 return FLUSH
+            if not certain_identifier(java_trim(database_part(new_db))):
+                return FLUSH
             table = TableRef.of(new_db, new_name)
+            if not certain_identifier(java_trim(new_name)):
+                inv.all_tables_of(table.database)  # (and the rename below, for the old name)
             # By versions: alter_table('@spark#db', 't', Table{dbName: 'db', ...}) keeps
             # its name (the new table's catalog is in a field of its own).
             if table.tag not in {t.tag for t in old_tables}:

@@ -28,6 +28,12 @@ catalog, and a write spelled any way invalidates a read spelled any other. The p
 over-invalidation between catalogs holding the same names; the tags of the catalog ``hive``
 are those the proxy has always used. Entries themselves stay apart: their keys hold the
 request's bytes, catalog and all (listings: :attr:`TableRef.catalog` in their key).
+
+**Spellings.** The metastore trims and lower-cases database and table names, and its
+database compares partition names loosely (trailing blanks). Versions are named as the
+metastore resolves names (:func:`hms_identifier`), and a read naming anything whose
+resolution the proxy cannot be certain of (:func:`certain_identifier`,
+:func:`certain_partition_name`) is never cached: the metastore answers it every time.
 """
 
 from __future__ import annotations
@@ -51,16 +57,56 @@ def _digest(*parts: str | bytes, size: int = 8) -> str:
     return h.hexdigest()
 
 
+# What Java's String.trim() takes from both ends: every character up to U+0020.
+_TRIMMED = "".join(map(chr, range(0x21)))
+
+
+def java_trim(name: str) -> str:
+    """``name`` as Java's String.trim() leaves it."""
+    return name.strip(_TRIMMED)
+
+
+def hms_identifier(name: str) -> str:
+    """A catalog, database or table name as the metastore looks it up: trimmed and in lower
+    case (HiveStringUtils.normalizeIdentifier: ``trim().toLowerCase()``), so that ``'T '``
+    names the table ``t``. Python's lower case is Java's only for names whose trimmed form
+    is :func:`certain_identifier`: callers do not rely on it for others."""
+    return java_trim(name).lower()
+
+
+def certain_identifier(name: str) -> bool:
+    """Whether the proxy knows for certain what the metastore makes of ``name``: printable
+    ASCII without blanks (``!`` to ``~``). Then trim() takes nothing and Python's lower
+    case is Java's; beyond ASCII the two need not agree (Java's follows its own Unicode
+    version and the JVM's locale; U+212A KELVIN SIGN lowers to an ASCII ``k``). A read
+    naming anything else is never cached; a write naming anything else once trimmed
+    invalidates more (see :mod:`.invalidation`)."""
+    return name.isascii() and name.isprintable() and " " not in name
+
+
+def _split(db: str) -> tuple[str, str]:
+    """(catalog, database) as a database string spells them (the catalog ``""`` if none)."""
+    if db.startswith("@") and "#" in db:
+        catalog, _, name = db[1:].partition("#")
+        return catalog, "" if name == "!" else name
+    return "", db
+
+
 def split_catalog(db: str) -> tuple[str, str]:
     """Hive 3 clients (and Presto with a catalog) send ``@cat#db``; others the bare name.
 
-    Names are compared case-insensitively, as the HMS stores them in lower case.
+    Both names as the metastore looks them up (:func:`hms_identifier`): it stores them
+    trimmed and in lower case.
     """
-    if db.startswith("@") and "#" in db:
-        catalog, _, name = db[1:].partition("#")
-        name = "" if name == "!" else name
-        return catalog.lower() or DEFAULT_CATALOG, name.lower()
-    return DEFAULT_CATALOG, db.lower()
+    catalog, name = _split(db)
+    return hms_identifier(catalog) or DEFAULT_CATALOG, hms_identifier(name)
+
+
+def database_part(db: str) -> str:
+    """A database string's database name as sent (``@cat#db``: ``db``). The catalog's
+    spelling does not matter to what the cache holds: versions leave it out (see the
+    module's docstring), and entries' keys hold the request's bytes."""
+    return _split(db)[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +128,7 @@ class TableRef:
     @classmethod
     def of(cls, db: str, table: str) -> TableRef:
         catalog, name = split_catalog(db)
-        return cls(catalog, name, table.lower())
+        return cls(catalog, name, hms_identifier(table))
 
     @property
     def tag(self) -> str:
@@ -159,6 +205,38 @@ class PartitionNameError(ValueError):
     """Not a partition name the proxy can map to values with certainty."""
 
 
+# The metastore finds a partition by its name (PART_NAME; by values, it makes the name first:
+# Warehouse.makePartName), and the database compares names as its collation says: Derby and
+# MySQL ignore trailing blanks (PAD SPACE), so ``ds=1 `` finds ``ds=1``; MySQL keeps the
+# column in latin1, where other characters become ``?``. Names of printable ASCII that do not
+# end with a blank are matched exactly (Derby; MySQL, whose Hive schema collates latin1_bin;
+# PostgreSQL; Oracle. Not SQL Server under a case-insensitive collation, its default).
+
+
+def loose_partition_name(name: str) -> bool:
+    """Whether the database may match ``name`` to a partition of another name (its
+    trailing blanks ignored): a write naming it may change a partition of another name."""
+    return name.endswith(" ")
+
+
+def certain_partition_name(name: str) -> bool:
+    """Whether the partition the database matches to ``name`` is the one of exactly that
+    name: printable ASCII (as Hive writes names: other characters below 0x80 escaped), not
+    ending with a blank. A read naming any other is never cached."""
+    return name.isascii() and name.isprintable() and not name.endswith(" ")
+
+
+def certain_partition_values(values: Sequence[str]) -> bool:
+    """:func:`certain_partition_name` of the name the metastore makes of ``values`` (it
+    escapes what is below 0x20 and 0x7f, and the name ends with the last value)."""
+    return all(v.isascii() for v in values) and not loose_partition_values(values)
+
+
+def loose_partition_values(values: Sequence[str]) -> bool:
+    """:func:`loose_partition_name` of the name the metastore makes of ``values``."""
+    return bool(values) and values[-1].endswith(" ")
+
+
 def _unescape(text: str) -> str:
     if "%" not in text:
         return text
@@ -185,8 +263,8 @@ def parse_partition_name(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     Hive writes partition column names in lower case and escapes ``/``, ``=``, ``%`` and
     other special characters in values as ``%XX``, so the split is unambiguous. Anything
     else (empty parts, upper-case keys, a name not escaped as Hive escapes it) raises
-    PartitionNameError: the caller then treats the request as one opaque entry instead of
-    guessing.
+    PartitionNameError: the caller does not guess (a read naming it is not cached, a write
+    invalidates all of the table's partitions).
     """
     if len(name) <= MEMO_LONGEST and name.count("/") < MEMO_PARTS:
         return _remembered_parse(name)
@@ -240,11 +318,15 @@ def _columns_and_tail(raw: bytes) -> tuple[str, str] | None:
 def py_name_parts(raw: bytes) -> tuple[str, bytes] | None:
     """A partition name as a request's bytes carry it -> (its columns, as
     :func:`partition_columns` writes them; the UTF-8 of its values' text, whose digest is
-    its version field); ``None`` for a name that is not UTF-8 or does not parse. The
-    reference for its C twin (``_names.c``), which :func:`name_parts` is where it is built."""
+    its version field); ``None`` for a name that is not UTF-8, does not parse, or is not
+    :func:`certain_partition_name` (no partition's entries are kept for it). The reference
+    for its C twin (``_names.c``), which :func:`name_parts` is where it is built."""
     try:
-        columns, values = parse_partition_name(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        columns, values = parse_partition_name(text)
     except (UnicodeDecodeError, PartitionNameError):
+        return None
+    if not certain_partition_name(text):
         return None
     return partition_columns(columns), _values_text(values).encode("utf-8")
 

@@ -127,6 +127,44 @@ def split(method: str, body: bytes) -> SplitReply | None:
         return None
 
 
+# Cached reads whose replies hold Partition objects of the partitions they name (one, a list,
+# or a struct holding either): what :func:`reply_partition_values` reads.
+PARTITION_REPLIES = frozenset(
+    {
+        "get_partition",
+        "get_partition_by_name",
+        "get_partition_req",
+        "get_partition_with_auth",
+        "get_partitions_by_names",
+        "get_partitions_by_names_req",
+    }
+)
+
+
+def reply_partition_values(method: str, body: bytes) -> list[tuple[str, ...]] | None:
+    """The values of each partition a successful reply of a method of
+    :data:`PARTITION_REPLIES` holds (none for any other reply); ``None`` if it cannot be
+    read."""
+    if method in RESULT_LIST_PATH:
+        cut = split(method, body)  # (the usual shape, at the byte level)
+        if cut is not None:
+            return [values for values, _ in cut.partitions]
+    try:
+        found = idl.decode_result(method, body).success
+    except ProtocolError:
+        return None
+    for name in ("partition", "partitions"):  # (GetPartitionResponse, ...ByNamesResult)
+        found = getattr(found, name, found)
+    items = found if isinstance(found, list) else [] if found is None else [found]
+    out = []
+    for item in items:
+        values = getattr(item, "values", None)
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            return None
+        out.append(tuple(values))
+    return out
+
+
 def partition_values(part: bytes) -> tuple[str, ...]:
     """Field 1 of a Partition struct (its values), read straight from the bytes."""
     if (

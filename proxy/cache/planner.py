@@ -6,8 +6,10 @@ under, the version fields it depends on, how long it may live (:class:`Ttls`). A
 are derived from the method catalog and the decoded arguments only; nothing here does I/O.
 
 A plan can be ``None``: a read whose targets cannot be pinned down (a database name that is
-not a string, say) is not cached, and a write whose targets cannot be pinned down flushes
-everything. When in doubt, miss.
+not a string, say, or one spelled so that the proxy cannot be certain which object the
+metastore resolves it to: ``'t '``, a partition name ending with a blank, see :mod:`.keys`)
+is not cached, and a write whose targets cannot be pinned down flushes everything, or
+invalidates more than it names. When in doubt, miss.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from proxy.cache.keys import (
     Naming,
     PartitionNameError,
     TableRef,
+    certain_identifier,
+    database_part,
     digest,
     parse_partition_name,
     partition_columns,
@@ -140,7 +144,7 @@ class Planner:
         else:
             target = spec.targets[0]
             db = _one_string(catalog.resolve(target.db, args)) if target.db else None
-            if db is None:
+            if db is None or not certain_identifier(database_part(db)):
                 return None
             database = DatabaseRef.of(db)
             primary = database.tag
@@ -148,18 +152,20 @@ class Planner:
                 depend(database.tag, "db")
             if target.table:
                 name = _one_string(catalog.resolve(target.table, args))
-                if name is None:
+                if name is None or not certain_identifier(name):
                     return None
                 table = TableRef.of(db, name)
                 primary = table.tag
-                parts = partition_values(target.partitions, args)
+                parts = partition_values(target.partitions, args, read=True)
+                if target.partitions and parts is None:
+                    return None  # a name not pinned down to one partition: not cached
                 if scope & Scope.TABLE:
                     depend(table.tag, "table")
                 if scope & Scope.PARTITION_SET:
                     depend(table.tag, "partset")
                 fields: dict[tuple[str, ...], str] = {}
                 if scope & Scope.PARTITIONS:
-                    if target.partitions and parts is not None:
+                    if target.partitions and parts is not None:  # (None: returned above)
                         depend(table.tag, "pgen")
                         # Each partition's field, worked out once (a request names 100s);
                         # a ref for each name as asked (the refs, and so the fingerprints of
@@ -167,7 +173,7 @@ class Planner:
                         fields = {values: partition_field(values) for values in parts}
                         key = self.naming.versions(table.tag)
                         refs.extend(VersionRef(key, fields[values]) for values in parts)
-                    else:  # the partitions as a whole (or names we cannot read: same thing)
+                    else:  # the partitions as a whole
                         depend(table.tag, "parts")
                         depend(table.tag, "partset")
                 if scope & Scope.STATISTICS and not target.partitions:
@@ -185,7 +191,7 @@ class Planner:
             elif target.tables:
                 names = catalog.resolve(target.tables, args)
                 tables = [n for item in names for n in (item if isinstance(item, list) else [item])]
-                if not all(isinstance(n, str) for n in tables):
+                if not all(isinstance(n, str) and certain_identifier(n) for n in tables):
                     return None
                 if not tables and not scope & Scope.DATABASE:
                     return None

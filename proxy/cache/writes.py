@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from proxy.cache.dictionaries import Dictionaries
-from proxy.cache.keys import DEFAULT_CATALOG, EPOCH, Naming, TableRef
+from proxy.cache.keys import DEFAULT_CATALOG, EPOCH, Naming, TableRef, hms_identifier
 from proxy.cache.l1 import L1
 from proxy.cache.plan import FLUSH, Bump, WritePlan
 from proxy.cache.store import CacheUnavailable, Store
@@ -123,7 +123,7 @@ class Invalidations:
                 )
                 return FLUSH
             for table in tables:
-                tag = TableRef(database.catalog, database.db, table.lower()).tag
+                tag = TableRef(database.catalog, database.db, hms_identifier(table)).tag
                 bumps.append(Bump(self.naming.versions(tag), EPOCH, "table"))
         return WritePlan(tuple(bumps), plan.databases_dropped, plan.flush_all, plan.tables)
 

@@ -140,30 +140,31 @@ def client(
     return hmsclient.HMSClient(iprot=TBinaryProtocol(transport))
 
 
-def create(host: str, port: int, warehouse: str, *, framed: bool = False) -> Sample:
-    sample = Sample()
+def create(host: str, port: int, warehouse: str, *, framed: bool = False, db: str = DB) -> Sample:
+    """The sample objects in database ``db`` (made if it does not exist yet)."""
+    sample = Sample(db=db)
     with client(host, port, framed=framed) as c:
-        if DB in c.get_all_databases():
+        if db in c.get_all_databases():
             return sample
-        c.create_database(t.Database(DB, "test objects", f"{warehouse}/{DB}.db", {}))
+        c.create_database(t.Database(db, "test objects", f"{warehouse}/{db}.db", {}))
         c.create_table(
             table(
-                DB,
+                db,
                 PARTITIONED,
-                storage_descriptor(f"{warehouse}/{DB}.db/{PARTITIONED}"),
+                storage_descriptor(f"{warehouse}/{db}.db/{PARTITIONED}"),
                 keys=("ds", "region"),
                 parameters={"EXTERNAL": "FALSE"},
             )
         )
         c.create_table(
-            table(DB, UNPARTITIONED, storage_descriptor(f"{warehouse}/{DB}.db/{UNPARTITIONED}"))
+            table(db, UNPARTITIONED, storage_descriptor(f"{warehouse}/{db}.db/{UNPARTITIONED}"))
         )
         parts = [
             partition(
-                DB,
+                db,
                 PARTITIONED,
                 [d, r],
-                storage_descriptor(f"{warehouse}/{DB}.db/{PARTITIONED}/ds={d}/region={r}"),
+                storage_descriptor(f"{warehouse}/{db}.db/{PARTITIONED}/ds={d}/region={r}"),
                 {"numRows": "10"},
             )
             for d in DAYS
@@ -176,16 +177,16 @@ def create(host: str, port: int, warehouse: str, *, framed: bool = False) -> Sam
             t.ColumnStatisticsData(longStats=t.LongColumnStatsData(1, 99, 0, 10)),
         )
         c.update_table_column_statistics(
-            t.ColumnStatistics(t.ColumnStatisticsDesc(True, DB, UNPARTITIONED), [stats])
+            t.ColumnStatistics(t.ColumnStatisticsDesc(True, db, UNPARTITIONED), [stats])
         )
         c.update_partition_column_statistics(
             t.ColumnStatistics(
-                t.ColumnStatisticsDesc(False, DB, PARTITIONED, sample.partition_name), [stats]
+                t.ColumnStatisticsDesc(False, db, PARTITIONED, sample.partition_name), [stats]
             )
         )
         c.create_function(
             t.Function(
-                "fn", DB, "org.example.Fn", "rig", t.PrincipalType.USER, 0, t.FunctionType.JAVA, []
+                "fn", db, "org.example.Fn", "rig", t.PrincipalType.USER, 0, t.FunctionType.JAVA, []
             )
         )
     return sample

@@ -146,10 +146,11 @@ def test_by_names_is_planned_per_partition() -> None:
     assert other.partitions.variant == plan.partitions.variant  # same table, same shape
 
 
-def test_unreadable_partition_names_fall_back_to_one_entry() -> None:
-    plan = read_plan("get_partitions_by_names", db_name="db", tbl_name="t", names=["garbage"])
-    assert plan is not None and plan.partitions is None
-    assert (TV, "parts") in fields_of(plan)
+def test_unreadable_partition_names_are_not_cached() -> None:
+    # Which partition the metastore takes such a name for is not certain (issue 39): the
+    # metastore answers every time.
+    for names in (["garbage"], ["ds=1", "DS=2"], ["ds=%64"], ["ds=1 "]):
+        assert read_plan("get_partitions_by_names", db_name="db", tbl_name="t", names=names) is None
 
 
 def test_user_scope_keys_carry_the_identity() -> None:
