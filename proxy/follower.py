@@ -42,6 +42,7 @@ from proxy.wire.errors import ProtocolError
 log = logging.getLogger(__name__)
 
 BATCH = 1000
+PAGES_PER_POLL = 10  # a backlog is read this many pages a poll, the position saved after each
 
 
 class LogUnavailable(Exception):
@@ -168,64 +169,85 @@ class NotificationFollower:
             self._succeeded()
             return
         head = await self._current_id()
-        self.state.head = head
         last = await self._last_applied()
         if last is None:
+            self.state.head = head
             await self._resync("no follower ran before on this cache", head, quiet=True)
             return
         if head < last:
-            await self._resync(f"event ids went back from {last} to {head} (log reset)", head)
-            return
+            # HMS 2.3's sequence is written without a lock (HIVE-16886): a late transaction
+            # can write it back below ids already visible. A reset shows nothing above it.
+            above = await self._events_after(head)
+            if not above:
+                self.state.head = head
+                await self._resync(f"event ids went back from {last} to {head} (log reset)", head)
+                return
+            head = max(head, *(e.event_id for e in above))
+        self.state.head = head
         cursor = self._cursor_at(last)
-        seen, held = await self._apply_window(cursor)
-        gap = cursor.advance(head, seen, time.time(), held=held)
-        if gap is not None:
-            self.metrics.notification_gaps.inc()
-            await self._resync(f"events {gap.first}..{gap.last} are gone from the log", head)
-            return
-        if not await store.set_if_leader(
-            self.last_key, str(cursor.last).encode(), self.lease_key, self.token
-        ):
-            self.state.leader = False
-            self._cursor = None
-            return
-        self.state.last_applied = cursor.last
-        self._lag(head, cursor, seen)
-        if held is not None:
-            raise CacheUnavailable(
-                f"the invalidation of an event with id {held} did not reach the store; "
-                "following resumes there"
-            )
+        start = cursor.read_from()
+        for _ in range(PAGES_PER_POLL):
+            page = await self._events_after(start)
+            held = await self._apply_page(cursor, page)
+            complete = len(page) < BATCH
+            gap = cursor.advance(head, page, time.time(), held=held, complete=complete)
+            if gap is not None:
+                self.metrics.notification_gaps.inc()
+                await self._resync(f"events {gap.first}..{gap.last} are gone from the log", head)
+                return
+            # The position is saved, and the lease renewed, page by page: a long backlog
+            # neither loses its progress to a failure nor its lease to a standby.
+            if not await self._save(cursor):
+                return
+            self._lag(head, cursor, page)
+            if held is not None:
+                raise CacheUnavailable(
+                    f"the invalidation of an event with id {held} did not reach the store; "
+                    "following resumes there"
+                )
+            if complete or self._stopping.is_set():
+                break
+            top = max(e.event_id for e in page)
+            # A page cut inside a run of equal ids: read that id again (applied ones are
+            # recognised), unless the whole page is that one id.
+            start = top - 1 if min(e.event_id for e in page) < top else top
+        else:
+            return  # a backlog: the next poll goes on from the position saved
         self._check_log_is_written(head)
         await self._publish()
         self._succeeded()
 
     def _cursor_at(self, last: int) -> LogCursor:
         """This leader's cursor; a new one (re-reading a stretch behind ``last``) when the
-        position in the store is not where this proxy left it (another leader moved it)."""
-        if self._cursor is None or self._cursor.last != last:
+        position in the store is past where this proxy left it (another leader moved it).
+        One behind it (a save that timed out) is this proxy's own: it knows more."""
+        if self._cursor is None or self._cursor.last < last:
             self._cursor = LogCursor(last, time.time(), self.options.notification_window)
         return self._cursor
 
-    async def _apply_window(self, cursor: LogCursor) -> tuple[list[Event], int | None]:
-        """Read every event from the cursor's floor up and apply those not applied yet.
-        Returns what was read and, if the store refused an invalidation, that event's id."""
-        seen: list[Event] = []
-        start = cursor.read_from()
-        while not self._stopping.is_set():
-            page = await self._events_after(start)
-            seen.extend(page)
-            for event in cursor.unapplied(page):
-                if not await self._apply(event):
-                    return seen, event.event_id  # ``last`` must not pass it
-                cursor.applied(event)
-            if len(page) < BATCH:
-                break
-            top = max(e.event_id for e in page)
-            # A page cut inside a run of equal ids: read that id again (applied ones are
-            # recognised), unless the whole page is that one id.
-            start = top - 1 if min(e.event_id for e in page) < top else top
-        return seen, None
+    async def _apply_page(self, cursor: LogCursor, page: list[Event]) -> int | None:
+        """Apply the events of ``page`` not applied yet; the id of the first whose
+        invalidation the store refused (``last`` must not pass it), if any."""
+        for event in cursor.unapplied(page):
+            if not await self._apply(event):
+                return event.event_id
+            cursor.applied(event)
+        return None
+
+    async def _save(self, cursor: LogCursor) -> bool:
+        """Store the position and renew the lease; ``False`` if this proxy lost it."""
+        store = self.engine.store
+        saved = await store.set_if_leader(
+            self.last_key, str(cursor.last).encode(), self.lease_key, self.token
+        )
+        if saved:
+            saved = await store.lease(self.lease_key, self.token, self.options.follower_lease)
+        if not saved:
+            self.state.leader = False
+            self._cursor = None
+            return False
+        self.state.last_applied = cursor.last
+        return True
 
     async def _publish(self) -> None:
         """Tell the standbys whether the log is followed (for --cache-iceberg-tables auto);

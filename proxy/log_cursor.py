@@ -13,8 +13,9 @@ that asks only for "events after the last id I applied" skips both. So the curso
   is applied when it appears, and nothing is applied twice in one leadership.
 * holes: an id above ``last`` that is missing while higher ones are visible. It is waited
   for up to ``window`` seconds (a transaction still committing); after that, or at once if
-  what follows it is already older than the window (purged by the metastore's cleaner, not
-  in flight), it is a gap the follower cannot replay: the cache is flushed.
+  what follows it is older than the newest event by more than the window (purged by the
+  metastore's cleaner, not in flight; both times by the metastore's clock), it is a gap
+  the follower cannot replay: the cache is flushed.
 
 Sans-I/O: the follower feeds it events and the clock, and asks what to read and apply.
 A new leader does not know what its predecessor applied: it starts ``MAX_IDS`` behind and
@@ -62,6 +63,7 @@ class LogCursor:
         # it reads, for a window, since it cannot know what came late to its predecessor.
         self._marks: deque[tuple[float, int]] = deque([(now, self.floor)])
         self._hole: tuple[int, float] | None = None  # the lowest missing id, since when
+        self._newest = 0  # the newest event time seen (the metastore's clock, seconds)
 
     def read_from(self) -> int:
         """Ask the metastore for the events after this id."""
@@ -79,34 +81,48 @@ class LogCursor:
         self._applied[fingerprint(event)] = event.event_id
         self._ids.add(event.event_id)
 
-    def advance(self, head: int, seen: list[Event], now: float, *, held: int | None) -> Gap | None:
-        """Move ``last`` over the ids now settled; ``held``: an id whose event could not be
-        applied (``last`` stays below it). A gap that can no longer be waited for is returned."""
+    def advance(
+        self, head: int, page: list[Event], now: float, *, held: int | None, complete: bool
+    ) -> Gap | None:
+        """Move ``last`` over the ids now settled, after a page of events was read and
+        applied; ``held``: an id whose event could not be applied (``last`` stays below it,
+        and so does the floor); ``complete``: the page reached the end of the log. A gap
+        that can no longer be waited for is returned."""
         limit = head if held is None else min(head, held - 1)
         while self.last < limit and self.last + 1 in self._ids:
             self.last += 1
-        gap = self._judge_hole(head, seen, now, held)
+        if page:
+            self._newest = max(self._newest, max(e.event_time for e in page))
+        gap = self._judge_hole(head, page, now, held, complete)
         self._marks.append((now, self.last))
         while len(self._marks) > 1 and self._marks[1][0] <= now - self.window:
             self._marks.popleft()
         self.floor = max(self._marks[0][1], self.last - MAX_IDS, 0)
+        if held is not None:
+            self.floor = min(self.floor, held - 1)  # read again until it is applied
         self._forget_below(self.floor)
         return gap
 
-    def _judge_hole(self, head: int, seen: list[Event], now: float, held: int | None) -> Gap | None:
+    def _judge_hole(
+        self, head: int, page: list[Event], now: float, held: int | None, complete: bool
+    ) -> Gap | None:
         missing = self.last + 1
         if held is not None or missing > head:
             self._hole = None
             return None
-        after = [e for e in seen if e.event_id > missing]
+        after = [e for e in page if e.event_id > missing]
         if not after:
+            if not complete:
+                return None  # the next page tells
             # The sequence says ``head`` but nothing above ``last`` is visible: in Hive the
             # sequence and the event commit together, so these were purged (or never logged).
             return Gap(missing, head)
         if self._hole is None or self._hole[0] != missing:
             self._hole = (missing, now)
         first_after = min(after, key=lambda e: e.event_id)
-        old = first_after.event_time < now - self.window
+        # Older than the window by the metastore's own clock (the newest event it logged):
+        # purged by its cleaner, not a transaction still committing.
+        old = first_after.event_time < self._newest - self.window
         if old or now - self._hole[1] >= self.window:
             return Gap(missing, first_after.event_id - 1)
         return None

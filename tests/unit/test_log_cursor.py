@@ -195,12 +195,12 @@ def test_the_window_forgets_what_it_no_longer_reads() -> None:
     events = [event(i, f"t{i}") for i in range(11, 21)]
     for e in events:
         cursor.applied(e)
-    assert cursor.advance(20, events, NOW + 1, held=None) is None
+    assert cursor.advance(20, events, NOW + 1, held=None, complete=True) is None
     assert cursor.last == 20
     assert cursor.read_from() == 0  # a new cursor reads back that far for a window
-    assert cursor.advance(20, events, NOW + 30.5, held=None) is None
+    assert cursor.advance(20, events, NOW + 30.5, held=None, complete=True) is None
     assert cursor.read_from() == 0  # 30 s ago it still stood back
-    assert cursor.advance(20, events, NOW + 40, held=None) is None
+    assert cursor.advance(20, events, NOW + 40, held=None, complete=True) is None
     assert cursor.read_from() == 20  # nothing moved in the last 30 s
     assert not cursor.has_applied(events[0])
 
@@ -209,3 +209,81 @@ def test_an_event_that_shows_up_below_the_head_after_a_flush_is_applied(rig: Rig
     rig.log.show(event(1, "committed-after-the-flush"))  # id 1, like the seed, but later
     rig.poll()
     assert rig.tables_applied() == ["committed-after-the-flush"]
+
+
+def test_a_backlog_is_saved_page_by_page(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure in the middle of a long backlog keeps the pages before it."""
+    monkeypatch.setattr(follower_module, "BATCH", 4)
+    rig.log.show(*(event(i, f"t{i}") for i in range(2, 22)))
+    rig.refuse.add((11, "t11"))
+    with pytest.raises(follower_module.CacheUnavailable):
+        rig.poll()
+    assert rig.follower.state.last_applied == 10
+    rig.refuse.clear()
+    rig.poll()
+    assert rig.follower.state.last_applied == 21
+    assert sorted(t for _, t in set(rig.applied)) == sorted(f"t{i}" for i in range(2, 22))
+
+
+def test_a_backlog_longer_than_a_poll_goes_on_at_the_next(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from proxy import log_cursor
+
+    monkeypatch.setattr(follower_module, "BATCH", 4)
+    monkeypatch.setattr(log_cursor, "MAX_IDS", 4)  # (as in production: at most a page back)
+    monkeypatch.setattr(follower_module, "PAGES_PER_POLL", 2)
+    rig.log.show(*(event(i, f"t{i}") for i in range(2, 22)))
+    rig.poll()
+    assert rig.follower.state.last_applied is not None
+    assert 2 < rig.follower.state.last_applied < 21
+    for _ in range(5):
+        rig.poll()
+    assert rig.follower.state.last_applied == 21
+    assert rig.flushes == 1
+
+
+def test_a_metastore_clock_behind_the_proxys_does_not_make_a_hole_a_gap(rig: Rig) -> None:
+    behind = NOW - 15  # the metastore's clock, 15 s behind (a window of 30 s in this rig)
+    rig.log.show(event(3, "b", at=behind))
+    rig.poll()
+    assert rig.flushes == 1  # waited for, not flushed at once
+    rig.log.show(event(2, "a", at=behind))
+    rig.poll()
+    assert rig.tables_applied() == ["b", "a"]
+    assert rig.flushes == 1
+
+
+def test_a_sequence_written_back_below_visible_ids_is_not_a_reset(rig: Rig) -> None:
+    """HIVE-16886: a late transaction writes the sequence back under ids already logged."""
+    rig.log.show(event(2, "a"), event(3, "b"))
+    rig.poll()
+    rig.log.show(event(4, "c"))
+    rig.log.head = 2
+    rig.poll()
+    assert rig.flushes == 1
+    assert rig.tables_applied() == ["a", "b", "c"]
+
+
+def test_a_log_reset_is_a_flush(rig: Rig) -> None:
+    rig.log.show(event(2, "a"), event(3, "b"))
+    rig.poll()
+    rig.log.visible = [event(1, "new")]  # a metastore rebuilt: its ids start again
+    rig.log.head = 1
+    rig.poll()
+    assert rig.flushes == 2
+
+
+def test_a_late_event_refused_stays_in_the_window_until_applied(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig.log.show(event(2, "a"), event(3, "b"))
+    rig.poll()
+    rig.log.show(event(2, "late"))
+    rig.refuse.add((2, "late"))
+    for _ in range(3):  # refused for longer than the window
+        with pytest.raises(follower_module.CacheUnavailable):
+            rig.poll(20)
+    rig.refuse.clear()
+    rig.poll()
+    assert ("late" in rig.tables_applied()) and rig.flushes == 1
