@@ -265,6 +265,7 @@ def build_cache(
             tracking_prefix=options.redis_key_prefix if options.redis_tracking == "on" else None,
             tracking_max_lag=options.redis_tracking_max_lag,
             write_trust=options.redis_write_trust,
+            key_prefix=options.redis_key_prefix,
             # The versions are small next to the replies: an eighth of the front's budget.
             mirror_bytes=max(1 << 20, options.memory_cache_bytes // 8),
             clients=options.max_client_connections,

@@ -16,24 +16,38 @@ one place the ordinary way answers reads) and for each one:
    connections kept for writes and the proxy's own calls, as the client's user): the same
    reply, its seqid aside, is a ``match``. So is one that decodes to the same objects
    (the metastore writes a map's entries in an order that can vary between replies).
-3. **Explained?** A different reply is a mismatch only if no write could explain it: while
-   the notification log is followed, the follower's position must first reach the log's
-   head as read after step 2 (and two polls pass: an event with an id it has passed can
-   show up a poll later, HIVE-16886), so every event committed before the metastore
-   answered has been applied; then the versions are read again, and must not have moved
-   nor be fenced (a write through a proxy fences them before it is forwarded and bumps
-   them after). Otherwise ``changed`` (or ``undecided``, if the follower did not catch up
-   in time or the store did not answer).
+3. **Explained?** A different reply is stale only if no write could explain it: while the
+   notification log is followed, the follower's position must first reach the log's head
+   as read after step 2 (and two polls pass: an event with an id it has passed can show up
+   a poll later, HIVE-16886), so every event committed before the metastore answered has
+   been applied; then the versions are read again, and must not have moved nor be fenced
+   (a write through a proxy fences them before it is forwarded and bumps them after).
+   Otherwise ``changed`` (or ``undecided``, if the follower did not catch up in time or
+   the store did not answer).
+4. **Logged?** A stale reply is a ``mismatch`` only if the log could have shown the write
+   that made it so: the log was followed (``follower.following``) and the method's reply
+   holds nothing the metastore writes no event for. Otherwise it is ``unlogged``, the
+   staleness the README documents as expected within the TTL ("Coherence guarantees"):
+
+   * the log is not followed (no follower, ``--notifications off``, or a follower not
+     following just then): a write that bypasses the proxy is stale until the TTL by
+     design;
+   * column statistics (:func:`unlogged`: ``get_table_column_statistics``,
+     ``get_aggr_stats_for``...): HMS 2.3 and 3.1 log no event for statistics updated
+     straight at the metastore, and may answer ``get_aggr_stats_for`` from their own,
+     approximate, aggregate-stats cache;
+   * privileges (the ``*_with_auth`` replies, and whatever else the cache serves that
+     carries grants or roles): no event covers a grant.
 
 A **mismatch** is counted (``hmsproxy_freshness_checks_total{result="mismatch"}``, and by
-method), logged with its key (method, table, entry key: never a user or a reply), and what
-it concerns is answered from the metastore for ``--freshness-quarantine`` seconds by every
-proxy sharing the store: its version hashes get a fence field that every look-up reads as a
-write in progress (see :mod:`proxy.cache.locks`), and are invalidated through the ordinary
-invalidation path (reason ``freshness``).
-
-Without the notification log, a write straight to the metastore is stale until the TTL by
-design (README, "Coherence guarantees"): the check counts those too, as what engines got.
+method), logged as a warning with its key (method, table, entry key: never a user or a
+reply), and alerted on (``HmsProxyStaleReplies``). An **unlogged** one is counted
+(``result="unlogged"``), logged at info, and not alerted on. Either way, what it concerns is
+answered from the metastore for ``--freshness-quarantine`` seconds by every proxy sharing
+the store (a stale reply all the same, and asking the metastore for a while is harmless):
+its version hashes get a fence field that every look-up reads as a write in progress (see
+:mod:`proxy.cache.locks`), and are invalidated through the ordinary invalidation path
+(reason ``freshness``).
 """
 
 from __future__ import annotations
@@ -53,6 +67,7 @@ from proxy.cache.keys import EPOCH, Bump
 from proxy.cache.plan import WritePlan
 from proxy.cache.sampling import Sample, read_fields
 from proxy.cache.store import CacheUnavailable, Versions
+from proxy.catalog import MethodSpec, Scope
 from proxy.config import Options
 from proxy.handler.forward import Forwarder
 from proxy.handler.session import ClientGone, SessionState
@@ -64,7 +79,11 @@ from proxy.wire.framing import Transport
 
 log = logging.getLogger(__name__)
 
-MATCH, MISMATCH, CHANGED, UNDECIDED, FAILED = "match", "mismatch", "changed", "undecided", "failed"
+MATCH, MISMATCH, UNLOGGED = "match", "mismatch", "unlogged"
+CHANGED, UNDECIDED, FAILED = "changed", "undecided", "failed"
+
+# Why a stale reply is ``unlogged`` (see unlogged() for the others).
+NOT_FOLLOWED = "the notification log is not followed"
 
 # The fence field of a quarantine: any name but a lock's (L:, G:) reads as a write in
 # progress, in every version of the proxy (see proxy.cache.locks.read_fences).
@@ -173,15 +192,17 @@ class FreshnessCheck:
             return UNDECIDED
         if same:
             return MATCH
-        if not await self._log_applied(answered_at):
+        applied = await self._log_applied(answered_at)
+        if applied is False:
             return UNDECIDED
         after = await self._versions(fields)
         if isinstance(after, str):
             return after
         if values(after, fields) != values(before, fields):
             return CHANGED
-        await self._mismatch(sample)
-        return MISMATCH
+        why = unlogged(sample.spec) if applied else NOT_FOLLOWED
+        await self._stale(sample, why)
+        return MISMATCH if why is None else UNLOGGED
 
     # -- the steps ---------------------------------------------------------------------------
 
@@ -226,12 +247,13 @@ class FreshnessCheck:
             return None
         return None if isinstance(got, str) else got.data
 
-    async def _log_applied(self, answered_at: float) -> bool:
+    async def _log_applied(self, answered_at: float) -> bool | None:
         """Whether every event the metastore logged before it answered has been applied
-        (step 3; at once without the log followed)."""
+        (step 3): ``False`` if that could not be told in time; ``None``, at once, while the
+        log is not followed (it then explains nothing, and rules nothing out)."""
         follower = self.follower
         if follower is None or not follower.following:
-            return True
+            return None
         try:
             head = await self._log_head()
         except (UpstreamError, ProtocolError, AttributeError) as exc:
@@ -248,7 +270,9 @@ class FreshnessCheck:
             now = self.clock()
             if position >= head and now >= settled:
                 return True
-            if now >= deadline or not follower.following:
+            if not follower.following:
+                return None
+            if now >= deadline:
                 return False
             await self.sleep(self.poll / 4)
 
@@ -259,21 +283,39 @@ class FreshnessCheck:
         current = idl.decode_result("get_current_notificationEventId", reply.body).success
         return int(current.eventId)
 
-    async def _mismatch(self, sample: Sample) -> None:
+    async def _stale(self, sample: Sample, why: str | None) -> None:
+        """Log and quarantine a stale reply: a mismatch (``why`` None, also counted by
+        method), or one the log could not have shown (``why`` says why: unlogged)."""
         plan = sample.plan
         table = plan.table
         where = f"{table.db}.{table.table}" if table is not None else f"versions {plan.tag!r}"
-        self.metrics.freshness_mismatches.labels(method_label(sample.spec.name)).inc()
-        log.warning(
-            "freshness check: a cached reply of %s for %s (entry %s) differs from the "
-            "metastore's, and no write explains it; %s",
-            sample.spec.name,
-            where,
-            plan.key,
+        then = (
             f"answered from the metastore for {self.quarantine:g} s"
             if self.quarantine > 0
-            else "invalidated",
+            else "invalidated"
         )
+        if why is None:
+            self.metrics.freshness_mismatches.labels(method_label(sample.spec.name)).inc()
+            log.warning(
+                "freshness check: a cached reply of %s for %s (entry %s) differs from the "
+                "metastore's, and no write explains it; %s",
+                sample.spec.name,
+                where,
+                plan.key,
+                then,
+            )
+        else:
+            log.info(
+                "freshness check: a cached reply of %s for %s (entry %s) differs from the "
+                "metastore's, with no write through a proxy in between, as a write the "
+                "notification log does not show leaves it (%s): expected within the TTL "
+                "(unlogged); %s",
+                sample.spec.name,
+                where,
+                plan.key,
+                why,
+                then,
+            )
         fields = read_fields(plan)
         keys = sorted(fields)
         if self.quarantine > 0:
@@ -285,6 +327,19 @@ class FreshnessCheck:
         bumps = tuple(Bump(key, EPOCH, _scope(fields[key])) for key in keys)
         tables = (table,) if table is not None else ()
         await self.engine.invalidate(WritePlan(bumps, tables=tables), "freshness")
+
+
+def unlogged(spec: MethodSpec) -> str | None:
+    """Why the notification log cannot show every write that changes ``spec``'s replies
+    (``None``: it can, while it is followed). HMS 2.3 and 3.1 write no event for column
+    statistics updated straight at them (and may answer ``get_aggr_stats_for`` from their
+    own approximate aggregate-stats cache), nor for grants: the ``*_with_auth`` replies,
+    and any other the cache serves that carries privileges or roles (Scope.PRIVILEGES)."""
+    if spec.scope & Scope.STATISTICS:
+        return "the metastore logs no event for column statistics"
+    if spec.scope & Scope.PRIVILEGES:
+        return "the metastore logs no event for grants"
+    return None
 
 
 def values(versions: Versions, fields: Mapping[str, Sequence[str]]) -> list[bytes | None]:

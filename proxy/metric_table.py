@@ -51,7 +51,7 @@ INVALIDATION_REASONS = ("write", "notification", "admin", "ttl", "freshness")
 LISTING_RESULTS = ("hit", "miss", "open")
 LISTING_SOURCES = ("cache", "storage")
 LOCK_FENCE_EVENTS = ("opened", "closed", "expired")
-FRESHNESS_RESULTS = ("match", "mismatch", "changed", "undecided", "failed")
+FRESHNESS_RESULTS = ("match", "mismatch", "unlogged", "changed", "undecided", "failed")
 AUTH_MECHANISMS = ("gssapi", "digest-md5", "other")
 AUTH_RESULTS = ("ok", "failed", "unsupported", "protocol", "timeout")
 TOKEN_EVENTS = ("fetched", "fetch_failed", "refused")
@@ -279,6 +279,13 @@ METRICS: tuple[MetricSpec, ...] = (
         start=(("local", "redis"),),
     ),
     MetricSpec(
+        "redis_writes_taken",
+        Gauge,
+        "hmsproxy_redis_writes_taken",
+        "1 while Redis takes this proxy's writes (a probe every 0.25 s) and hits may be read "
+        "from it; 0 while it refuses them or does not answer (see --redis-write-trust)",
+    ),
+    MetricSpec(
         "tracking_up",
         Gauge,
         "hmsproxy_redis_tracking_up",
@@ -393,10 +400,12 @@ METRICS: tuple[MetricSpec, ...] = (
         Counter,
         "hmsproxy_freshness_checks",
         "Cache hits re-read from the metastore by the freshness check (--freshness-check-"
-        "rate), by result: match; mismatch (the metastore answers otherwise and no write "
-        "explains it: a stale reply was served); changed (a write came in between: not "
-        "judged); undecided (the notification follower or the store could not tell in "
-        "time); failed (the metastore call failed)",
+        "rate), by result: match; mismatch (the metastore answers otherwise, no write "
+        "explains it, and the notification log, followed, would have shown one: a stale "
+        "reply was served); unlogged (the same, but a write the log does not show: the "
+        "log not followed, column statistics, privileges; expected within the TTL); "
+        "changed (a write came in between: not judged); undecided (the notification "
+        "follower or the store could not tell in time); failed (the metastore call failed)",
         ("result",),
         Wrap.CHILDREN,
         start=(FRESHNESS_RESULTS,),

@@ -153,6 +153,7 @@ class Metrics:
     upstream_available: Gauge
     cache_available: Gauge
     version_reads: _Children
+    redis_writes_taken: Gauge
     tracking_up: Gauge
     tracking_lag: Histogram
     tracking_resyncs: _Children

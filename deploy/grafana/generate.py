@@ -608,13 +608,16 @@ def invalidation() -> list[Panel]:
             "Versions in process (Redis tracking)",
             "Where hits read the versions they depend on: local (the in-process copy Redis keeps "
             "coherent, no round trip) or redis, per second; streams up (every invalidation "
-            "stream delivering within --redis-tracking-max-lag) and resyncs per second.",
+            "stream delivering within --redis-tracking-max-lag) and resyncs per second; "
+            "proxies whose writes Redis takes (the others read nothing from it: "
+            "--redis-write-trust).",
             [
                 target(
                     f"sum by (source) ({rate('hmsproxy_cache_version_reads_total')})",
                     "{{source}}",
                 ),
                 target("sum(hmsproxy_redis_tracking_up" + sel() + ")", "streams up"),
+                target("sum(hmsproxy_redis_writes_taken" + sel() + ")", "writes taken"),
                 target(f"sum({rate('hmsproxy_redis_tracking_resyncs_total')})", "resyncs"),
                 target(f"sum({rate('hmsproxy_shared_reads_total')})", "fenced reads shared"),
                 target("sum(hmsproxy_redis_tracking_mirror_bytes" + sel() + ")", "bytes held"),
@@ -635,9 +638,12 @@ def invalidation() -> list[Panel]:
             "Freshness checks by result",
             "Cache hits re-read from the metastore (--freshness-check-rate), per second, by "
             "result: match; mismatch (a stale reply was served: no write explains the "
-            "difference; alert HmsProxyStaleReplies, the log names the table); changed (a "
-            "write came in between); undecided (the follower or the store could not tell in "
-            "time); failed (the metastore call failed).",
+            "difference, and the notification log, followed, would have shown one; alert "
+            "HmsProxyStaleReplies, the log names the table); unlogged (a stale reply the log "
+            "cannot show: the log not followed, column statistics, grants; expected within "
+            "the TTL, not alerted on); changed (a write came in between); undecided (the "
+            "follower or the store could not tell in time); failed (the metastore call "
+            "failed).",
             [
                 target(
                     f"sum by (result) ({rate('hmsproxy_freshness_checks_total')})",

@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 CONNECT_BUDGET = 5.0
 
 
+READONLY_RECONNECT = 5.0  # seconds between reconnections for a probe answered READONLY
 TIMEOUTS_TO_OPEN = 3  # timeouts within a second, outnumbering successes, that open the breaker
 # redis-py's pool (fills, bumps, fences) is sized for the operations the proxy runs at once:
 # at most one per client connection it admits, plus its own (the follower, lock fences'
@@ -83,10 +84,12 @@ class RedisLink:
         tracking_prefix: str | None = None,
         tracking_max_lag: float = 1.0,
         write_trust: float = 2.0,
+        key_prefix: str = "",
         mirror_bytes: int = 32 << 20,
         clients: int = 0,
     ) -> None:
         self.url = url
+        self.key_prefix = key_prefix
         self.timeout = timeout
         # --max-client-connections (0: no limit): how many operations may want a connection.
         self.pool_size = clients + OWN_OPERATIONS if clients else NO_LIMIT
@@ -117,6 +120,7 @@ class RedisLink:
         self._retracking: asyncio.Task[None] | None = None
         self.write_trust = WriteTrust(write_trust, timeout)
         self._probing: asyncio.Task[None] | None = None
+        self._reconnect_after = 0.0  # (monotonic) a READONLY probe reconnects, not more often
         self._probe_keys: list[tuple[Place, str]] = []
         # Without a coherent copy nothing in process is trusted: every hit reads Redis.
         self.standing = self.mirror.standing if self.mirror is not None else Standing(-math.inf)
@@ -207,27 +211,47 @@ class RedisLink:
         log.info(
             "cache: connected to %s Redis at %s", "cluster" if cluster else "single", self._safe_url
         )
-        token = os.urandom(6).hex()
-        self._probe_keys = [
-            (place, f"hmsproxy:probe:{{{tag}}}:{token}")
-            for place, tag in zip(places, self._beat_tags(places), strict=True)
-        ]
+        self._probe_at(places)
         if self._probing is None or self._probing.done():
             self._probing = asyncio.get_running_loop().create_task(self._probe())
             self._tasks.add(self._probing)
         self._track(places)
 
+    def _probe_at(self, places: list[Place]) -> None:
+        """Probe these nodes from now on (after a connection, a failover, a resharding)."""
+        token = os.urandom(6).hex()
+        self._probe_keys = [
+            (place, f"{self.key_prefix}{{{tag}}}:probe:{token}")
+            for place, tag in zip(places, self._beat_tags(places), strict=True)
+        ]
+
     async def _probe(self) -> None:
         """Is Redis taking this proxy's writes? (:mod:`.write_trust`)"""
+        trusted = False
         while not self._closed:
-            if not await self._probe_once() and self.mirror is not None:
+            taken, why = await self._probe_once()
+            now = time.monotonic()
+            if not taken and self.mirror is not None:
                 # Versions kept in process may be ones another proxy could not bump.
                 self.mirror.forget_everything()
+            if self.write_trust.trusted(now) != trusted:
+                trusted = not trusted
+                self.metrics.redis_writes_taken.set(1 if trusted else 0)
+                if trusted:
+                    log.info("cache: redis takes this proxy's writes: serving from it again")
+                elif self.write_trust.ever_taken:
+                    log.warning(
+                        "cache: redis does not take this proxy's writes (%s): answering from "
+                        "the metastore until it does",
+                        why or "no reply in time",
+                    )
             await asyncio.sleep(PROBE_EVERY)
 
-    async def _probe_once(self) -> bool:
-        """Set a key of this proxy's on every node; on a failure, ping (reads served?)."""
-        taken = refused = False
+    async def _probe_once(self) -> tuple[bool, str]:
+        """Set a key of this proxy's on every node; on a failure, ping (reads served?).
+        Returns whether it was taken, and the error reply if one came."""
+        refusals: list[str] = []
+        taken = False
         if self._client is not None and self._probe_keys:
             sends = [
                 self._send_to(place, [("SET", key, "1", "PX", "10000")])
@@ -238,14 +262,27 @@ class RedisLink:
                 if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
                     raise outcome
             replies = [r for o in outcomes if isinstance(o, list) for r in o]
-            refused = any(isinstance(r, resp.RespError) for r in replies)
-            taken = len(replies) == len(sends) and not refused
+            errors = [str(r) for r in replies if isinstance(r, resp.RespError)]
+            moved = [e for e in errors if e.startswith(("MOVED", "ASK"))]
+            if moved:
+                # Slots moved (a failover, a resharding): not a refusal; probe the new
+                # owners, and follow them with the streams too.
+                self._retrack()
+            now = time.monotonic()
+            if any(e.startswith("READONLY") for e in errors) and now >= self._reconnect_after:
+                # A demoted primary: a connection made now may reach the new one (a name
+                # that moved with the failover), as the other proxies' may already have.
+                self._reconnect_after = now + READONLY_RECONNECT
+                self._drop_client()
+                self._start_connecting()
+            refusals = [e for e in errors if e not in moved]
+            taken = len(replies) == len(sends) and not errors
         if taken:
             self.write_trust.taken(time.monotonic())
-            return True
+            return True, ""
         answered = self._client is not None and await self.ping()
-        self.write_trust.not_taken(time.monotonic(), refused=refused, answered=answered)
-        return False
+        self.write_trust.not_taken(time.monotonic(), refused=bool(refusals), answered=answered)
+        return False, refusals[0] if refusals else ""
 
     def _track(self, places: list[Place]) -> None:
         """(Re)start the invalidation streams, one per node."""
@@ -450,6 +487,8 @@ class RedisLink:
             await self._client.nodes_manager.initialize()
             # A failover or a resharding: each new primary gets a stream of its own.
             places: list[Place] = _slot_owners(self._client)
+            if sorted(map(str, places)) != sorted(map(str, (p for p, _ in self._probe_keys))):
+                self._probe_at(places)
             if self.streams is not None and sorted(map(str, places)) != sorted(
                 map(str, self.streams.places)
             ):

@@ -76,6 +76,7 @@ class RedisStore(RedisLink):
         tracking_prefix: str | None = None,
         tracking_max_lag: float = 1.0,
         write_trust: float = 2.0,
+        key_prefix: str = "",
         mirror_bytes: int = 32 << 20,
         clients: int = 0,
     ) -> None:
@@ -88,6 +89,7 @@ class RedisStore(RedisLink):
             tracking_prefix=tracking_prefix,
             tracking_max_lag=tracking_max_lag,
             write_trust=write_trust,
+            key_prefix=key_prefix,
             mirror_bytes=mirror_bytes,
             clients=clients,
         )
@@ -113,7 +115,8 @@ class RedisStore(RedisLink):
         self._local.inc(times)
 
     def generation(self) -> int | None:
-        return self.standing.at(time.monotonic())
+        now = time.monotonic()
+        return self.standing.at(now) if self.write_trust.trusted(now) else None
 
     async def lookup(
         self, versions: Mapping[str, Sequence[str]], entries: Sequence[str], *, fresh: bool = False

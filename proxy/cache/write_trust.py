@@ -13,10 +13,11 @@ would go on reading the old versions and serving the old entries. So:
   whose writes Redis stopped taking answers from the metastore within ``trust_for`` of the
   last one it took.
 * **A refused write waits for that.** A write's fence (or a lock's) that Redis refuses while
-  it answers reads is retried until Redis takes it or ``hold`` (``trust_for`` and a deadline)
-  has passed: by then every proxy has stopped trusting Redis, since the same refusal met
-  their probes. Only then is the write forwarded (its invalidation kept pending, as for any
-  store failure).
+  it answers reads is retried until Redis takes it or ``hold`` (``trust_for``, a deadline and
+  a probe interval) has passed: by then every proxy has stopped trusting Redis, since the
+  same refusal met their probes. Only then is the write forwarded (its invalidation kept
+  pending, as for any store failure). A write made when this proxy's own writes have not
+  been taken for longer than ``hold`` goes ahead at once: that moment has passed.
 * **Probation after.** When writes are taken again after trust lapsed, it returns
   ``trust_for`` and a deadline later, not at once: long enough for the writers' pending
   invalidations (retried within a second) to land first.
@@ -52,22 +53,36 @@ class WriteTrust:
         self._taken_at = -math.inf  # nothing taken yet: nothing trusted
         self._answered_at = -math.inf
         self._refused = False  # a probe was refused since the last one taken
+        self._missed = False  # a probe was not taken since the last one taken
         self._since = -math.inf  # when writes were taken again after a refusal
 
+    @property
+    def ever_taken(self) -> bool:
+        return self._taken_at > -math.inf
+
     def taken(self, now: float) -> None:
-        if self._taken_at > -math.inf and (self._refused or now - self._taken_at > self.trust_for):
-            self._since = now  # trust had lapsed: probation (a proxy starting has none)
-        self._refused = False
+        lapsed = now - self._taken_at > self.trust_for
+        if self._refused or (lapsed and (self.ever_taken or self._missed)):
+            # Trust had lapsed, or never was and a probe failed first (a proxy starting
+            # while Redis refuses writes): probation.
+            self._since = now
+        self._refused = self._missed = False
         self._taken_at = self._answered_at = now
 
     def not_taken(self, now: float, *, refused: bool, answered: bool) -> None:
         """A probe was not taken: ``refused`` by an error reply (trust ends at once; a
         probe that timed out, perhaps only late on a busy machine, lets it lapse with time);
         ``answered``: Redis still answers reads (a ping)."""
+        self._missed = True
         if refused:
             self._refused = True
         if answered:
             self._answered_at = now
+
+    def lapsed_long_ago(self, now: float) -> bool:
+        """Whether no write of this proxy's was taken for longer than ``hold``: a refusal
+        that met every proxy's probes has ended their trust already, nothing to wait for."""
+        return now - self._taken_at > self.hold
 
     def trusted(self, now: float) -> bool:
         return (
@@ -98,7 +113,7 @@ async def insist(
             now = time.monotonic()
             if deadline is None:
                 deadline = now + trust.hold
-            if now >= deadline or not trust.answering(now):
+            if now >= deadline or not trust.answering(now) or trust.lapsed_long_ago(now):
                 raise
         await asyncio.sleep(RETRY_EVERY)
         let_through()

@@ -587,6 +587,7 @@ def test_alerts_have_a_duration_severity_and_annotations() -> None:
     required = {
         "HmsProxyMetastoreUnreachable",
         "HmsProxyRedisUnreachable",
+        "HmsProxyRedisRefusesWrites",
         "HmsProxyRedisDegraded",
         "HmsProxyCacheHitRatioCollapse",
         "HmsProxyNotificationLagHigh",

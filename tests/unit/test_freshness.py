@@ -1,6 +1,8 @@
 """The freshness check (proxy.freshness) in process: hits taken where the ordinary way answers
 them (proxy.cache.sampling), re-read from a scripted metastore, compared; a stale one
 counted, logged and its table answered from the metastore; writes in between never counted.
+A stale one is a mismatch (alerted on) only with the notification log followed and a method
+whose replies its events cover; otherwise it is unlogged (expected within the TTL).
 Time is the test's own (a clock and a sleep the check is given): nothing waits on real time."""
 
 from __future__ import annotations
@@ -16,17 +18,20 @@ import pytest
 from proxy import idl
 from proxy.cache.keys import TableRef
 from proxy.cache.sampling import Sample, Sampler
-from proxy.catalog import EVERYTHING_OF_A_TABLE
+from proxy.catalog import EVERYTHING_OF_A_TABLE, Kind, Scope, all_methods, lookup
 from proxy.freshness import (
     CHANGED,
     FAILED,
     MATCH,
     MISMATCH,
     UNDECIDED,
+    UNLOGGED,
     FreshnessCheck,
     same_reply,
+    unlogged,
 )
 from proxy.handler import SessionState
+from proxy.metrics import Metrics
 from tests.unit.inprocess import Rig, options, request, rig
 from tests.unit.scripted_hms import (
     HANG_UP,
@@ -77,6 +82,19 @@ class Follower:
 
     last_key: str
     following: bool = True
+
+
+async def followed(r: Rig, head: int = 7) -> Follower:
+    """The notification log followed, its follower at the log's head: a difference found
+    is then judged at once (after two polls, on the check's clock)."""
+    assert r.cache is not None
+    result = idl.result_class("get_current_notificationEventId")
+    r.hms.answers["get_current_notificationEventId"] = lambda conn, args: result(
+        success=M.CurrentNotificationEventId(eventId=head)
+    )
+    follower = Follower(r.cache.naming.coordination("last_event"))
+    await r.cache.store.set_if_leader(follower.last_key, str(head).encode(), "", "")
+    return follower
 
 
 def checker(
@@ -156,6 +174,9 @@ def freshness_invalidations(r: Rig) -> float:
 def test_a_stale_hit_is_counted_logged_and_its_table_answered_from_the_metastore(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """With the log followed, a table's object (which its events cover) stale with no write
+    nor event to explain it: a mismatch, the one result alerted on."""
+
     async def run() -> None:
         async with rig() as r:
             r.hms.add_table(DB, T, v="1")
@@ -163,16 +184,18 @@ def test_a_stale_hit_is_counted_logged_and_its_table_answered_from_the_metastore
             # Changed at the metastore, no write through the proxy, no version moved (what
             # a name the cache keys apart, or an event the follower skipped, looks like).
             r.hms.tables[(DB, T)] = table(DB, T, v="2")
-            check = checker(r)
+            check = checker(r, follower=await followed(r))
             task = await waiting(r, check)
             served = await read_table(r, 2)
             assert served.success.parameters == {"v": "1"}  # the stale hit
-            with caplog.at_level(logging.WARNING, logger="proxy.freshness"):
+            with caplog.at_level(logging.INFO, logger="proxy.freshness"):
                 assert await task == MISMATCH
-            assert checks(r, "mismatch") == 1
+            assert checks(r, "mismatch") == 1 and checks(r, "unlogged") == 0
             assert r.sample("hmsproxy_freshness_mismatches_total", method="get_table") == 1
             assert freshness_invalidations(r) == 1
-            (line,) = [x.getMessage() for x in caplog.records if x.name == "proxy.freshness"]
+            (record,) = [x for x in caplog.records if x.name == "proxy.freshness"]
+            line = record.getMessage()
+            assert record.levelno == logging.WARNING
             assert "get_table" in line and "db.t" in line and "300 s" in line
             # From now on the metastore answers, hit path or not, while the quarantine lasts.
             calls = r.hms.calls["get_table"]
@@ -197,7 +220,7 @@ def test_a_stale_reply_assembled_from_partitions_is_found_too() -> None:
             changed = partition(DB, T, DAYS[0])
             changed.parameters = {"numFiles": "2"}
             r.hms.partitions[(DB, T)][names[0]] = changed
-            task = await waiting(r, checker(r))
+            task = await waiting(r, checker(r, follower=await followed(r)))
             served = await r.call(SessionState("c"), "get_partitions_by_names", 2, **asked)
             assert result_of(served).success[0].parameters == {"numFiles": "1"}  # stale
             assert await task == MISMATCH
@@ -228,7 +251,7 @@ def test_hits_answered_at_once_are_sampled_by_the_ordinary_way() -> None:
                 await client.call(get_table(2))  # answered at once
                 assert counted.calls == before
                 assert r.cache is not None
-                check = checker(r)
+                check = checker(r, follower=await followed(r))
                 task = await waiting(r, check)
                 await call_once(r, port, other)
                 assert await task == MATCH
@@ -243,6 +266,203 @@ def test_hits_answered_at_once_are_sampled_by_the_ordinary_way() -> None:
                 await client.close()
 
     asyncio.run(run())
+
+
+# -- stale, but not what the log shows: unlogged -------------------------------------------------
+
+
+def unlogged_line(caplog: pytest.LogCaptureFixture) -> str:
+    """The one line the check logged, at info (an unlogged one is no warning)."""
+    (record,) = [x for x in caplog.records if x.name == "proxy.freshness"]
+    assert record.levelno == logging.INFO
+    return record.getMessage()
+
+
+@pytest.mark.parametrize("follower", [None, Follower("unused", following=False)])
+def test_without_the_log_followed_a_stale_hit_is_unlogged_and_still_quarantined(
+    follower: Follower | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No follower (--notifications off), or one not following just then: a write straight
+    at the metastore is stale within the TTL by design. Counted apart, logged at info, not
+    a mismatch; its table is answered from the metastore all the same."""
+
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, v="1")
+            await read_table(r)
+            r.hms.tables[(DB, T)] = table(DB, T, v="2")
+            task = await waiting(r, checker(r, follower=follower))
+            assert (await read_table(r, 2)).success.parameters == {"v": "1"}
+            with caplog.at_level(logging.INFO, logger="proxy.freshness"):
+                assert await task == UNLOGGED
+            assert checks(r, "unlogged") == 1 and checks(r, "mismatch") == 0
+            assert r.sample("hmsproxy_freshness_mismatches_total", method="get_table") == 0
+            line = unlogged_line(caplog)
+            assert "get_table" in line and "db.t" in line and "not followed" in line
+            assert r.hms.calls["get_current_notificationEventId"] == 0  # nothing to wait for
+            # Quarantined: the metastore answers, hit path or not.
+            assert freshness_invalidations(r) == 1
+            calls = r.hms.calls["get_table"]
+            assert (await read_table(r, 3)).success.parameters == {"v": "2"}
+            assert r.hms.calls["get_table"] == calls + 1
+            message = request("get_table", 4, dbname=DB, tbl_name=T)
+            assert r.handler.serve_hit_now(SessionState("c"), message, lambda _: None) is None
+
+    asyncio.run(run())
+
+
+def test_a_follower_that_stops_following_while_awaited_leaves_the_difference_unlogged() -> None:
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, v="1")
+            follower = await followed(r, head=9)
+            assert r.cache is not None
+            await r.cache.store.set_if_leader(follower.last_key, b"8", "", "")  # behind
+            await read_table(r)
+            r.hms.tables[(DB, T)] = table(DB, T, v="2")
+            clock = Clock()
+
+            async def stop_following() -> None:
+                follower.following = False
+
+            clock.during = stop_following
+            check = checker(r, clock, follower, notification_poll=1, follower_lease=5)
+            assert await check.check(await sample_of_a_hit(r)) == UNLOGGED
+            assert clock.now < 5  # not left undecided after a lease
+
+    asyncio.run(run())
+
+
+def column_statistics(value: int) -> Any:
+    desc = M.ColumnStatisticsDesc(isTblLevel=True, dbName=DB, tableName=T)
+    data = M.ColumnStatisticsData(longStats=M.LongColumnStatsData(numNulls=0, numDVs=value))
+    return M.ColumnStatistics(statsDesc=desc, statsObj=[M.ColumnStatisticsObj("c", "bigint", data)])
+
+
+@pytest.mark.parametrize(
+    "method, args, answer",
+    [
+        (
+            "get_table_column_statistics",
+            {"db_name": DB, "tbl_name": T, "col_name": "c"},
+            column_statistics,
+        ),
+        (
+            "get_aggr_stats_for",
+            {
+                "request": M.PartitionsStatsRequest(
+                    dbName=DB, tblName=T, colNames=["c"], partNames=[f"ds={DAYS[0]}"]
+                )
+            },
+            lambda value: M.AggrStats(colStats=column_statistics(value).statsObj, partsFound=1),
+        ),
+    ],
+)
+def test_stale_column_statistics_are_unlogged_with_the_log_followed(
+    method: str,
+    args: dict[str, Any],
+    answer: Callable[[int], Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """HMS 2.3 and 3.1 log no event for statistics updated straight at them (ANALYZE on
+    Spark's own client): the log cannot rule such a difference out."""
+
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, DAYS[0])
+            stats = {"value": 10}
+            result = idl.result_class(method)
+            r.hms.answers[method] = lambda conn, a: result(success=answer(stats["value"]))
+            session = SessionState("c")
+            await r.call(session, method, 1, **args)  # cached
+            stats["value"] = 20  # straight at the metastore: no event, no version moved
+            check = checker(r, follower=await followed(r))
+            task = await waiting(r, check)
+            served = result_of(await r.call(session, method, 2, **args))
+            assert served.success == answer(10)  # the stale hit
+            with caplog.at_level(logging.INFO, logger="proxy.freshness"):
+                assert await task == UNLOGGED
+            assert checks(r, "unlogged") == 1 and checks(r, "mismatch") == 0
+            assert r.sample("hmsproxy_freshness_mismatches_total", method=method) == 0
+            assert "column statistics" in unlogged_line(caplog)
+            calls = r.hms.calls[method]
+            again = result_of(await r.call(session, method, 3, **args))
+            assert again.success == answer(20) and r.hms.calls[method] == calls + 1
+
+    asyncio.run(run())
+
+
+def test_stale_privileges_are_unlogged_with_the_log_followed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No notification event covers a grant: what a *_with_auth reply carries of them is
+    stale within the TTL."""
+
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, DAYS[0])
+            grants: dict[str, list[str]] = {"u": ["SELECT"]}
+            result = idl.result_class("get_partition_with_auth")
+
+            def with_auth(conn: Any, a: Any) -> Any:
+                found = partition(DB, T, DAYS[0])
+                found.privileges = M.PrincipalPrivilegeSet(
+                    userPrivileges={
+                        user: [M.PrivilegeGrantInfo(privilege=x) for x in privileges]
+                        for user, privileges in grants.items()
+                    }
+                )
+                return result(success=found)
+
+            r.hms.answers["get_partition_with_auth"] = with_auth
+            args = {"db_name": DB, "tbl_name": T, "part_vals": [DAYS[0]], "user_name": "u"}
+            session = SessionState("c")
+            await r.call(session, "get_partition_with_auth", 1, **args)  # cached
+            grants["u"] = ["SELECT", "INSERT"]  # granted straight at the metastore
+            check = checker(r, follower=await followed(r))
+            task = await waiting(r, check)
+            served = result_of(await r.call(session, "get_partition_with_auth", 2, **args))
+            assert len(served.success.privileges.userPrivileges["u"]) == 1  # the stale hit
+            with caplog.at_level(logging.INFO, logger="proxy.freshness"):
+                assert await task == UNLOGGED
+            assert checks(r, "unlogged") == 1 and checks(r, "mismatch") == 0
+            assert "grants" in unlogged_line(caplog)
+            again = result_of(await r.call(session, "get_partition_with_auth", 3, **args))
+            assert len(again.success.privileges.userPrivileges["u"]) == 2
+
+    asyncio.run(run())
+
+
+def test_what_the_log_does_not_cover_comes_from_the_catalog() -> None:
+    """Every cached read with column statistics or privileges in its reply, and no other."""
+    stale_by_design = {
+        spec.name
+        for spec in all_methods()
+        if spec.kind is Kind.CACHEABLE_READ and spec.scope & (Scope.STATISTICS | Scope.PRIVILEGES)
+    }
+    assert {
+        "get_table_column_statistics",
+        "get_table_statistics_req",
+        "get_partition_column_statistics",
+        "get_partitions_statistics_req",
+        "get_aggr_stats_for",
+        "get_partition_with_auth",
+        "get_partitions_with_auth",
+        "get_partitions_ps_with_auth",
+    } <= stale_by_design
+    for spec in all_methods():
+        if spec.kind is Kind.CACHEABLE_READ:
+            assert (unlogged(spec) is not None) == (spec.name in stale_by_design), spec.name
+    for name in ("get_table", "get_partitions_by_names", "get_partitions", "get_all_tables"):
+        covered = lookup(name)
+        assert covered is not None and unlogged(covered) is None
+
+
+def test_every_result_starts_at_zero() -> None:
+    registry = Metrics().registry
+    for result in (MATCH, MISMATCH, UNLOGGED, CHANGED, UNDECIDED, FAILED):
+        got = registry.get_sample_value("hmsproxy_freshness_checks_total", {"result": result})
+        assert got == 0, result
 
 
 # -- nothing counted that a write explains ----------------------------------------------------

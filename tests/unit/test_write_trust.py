@@ -108,3 +108,29 @@ def test_a_redis_that_stopped_answering_is_not_waited_for(monkeypatch: pytest.Mo
     with pytest.raises(CacheUnavailable):
         asyncio.run(insist(trust, fence, lambda: None))
     assert clock[0] == 100.0
+
+
+def test_a_proxy_starting_while_redis_refuses_waits_for_probation() -> None:
+    trust = WriteTrust(2.0, 0.05)
+    trust.not_taken(1.0, refused=True, answered=True)
+    trust.taken(1.5)
+    assert not trust.trusted(1.6)
+    trust.taken(3.5)
+    assert trust.trusted(3.6)
+
+
+def test_a_refusal_older_than_the_hold_holds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ten minutes into a refusal every proxy has long stopped trusting Redis: a write made
+    then goes ahead at once, not after another hold."""
+    clock = [700.0]
+    monkeypatch.setattr(write_trust.time, "monotonic", lambda: clock[0])
+    trust = WriteTrust(2.0, 0.05)
+    trust.taken(100.0)
+    trust.not_taken(699.9, refused=True, answered=True)
+
+    async def fence() -> None:
+        raise CacheUnavailable("NOREPLICAS")
+
+    with pytest.raises(CacheUnavailable):
+        asyncio.run(insist(trust, fence, lambda: None))
+    assert clock[0] == 700.0
