@@ -55,6 +55,50 @@ def test_a_redis_cluster_master_killed_under_load(
         assert proxy.metric("hmsproxy_cache_available") == 1
 
 
+def test_a_graceful_cluster_failover_under_load(
+    hms: MetastoreServer, proxy_factory: ProxyFactory, sample: Sample, tmp_path: Path
+) -> None:
+    """CLUSTER FAILOVER: the old master stays up as a replica, its slots answer MOVED. The
+    proxy's probes (and streams) follow the new master: it serves hits again, not only
+    after a reconnect."""
+    import redis
+
+    with RedisCluster(tmp_path / "cluster", nodes=6, replicas=1) as cluster:
+        key = Naming().versions(TableRef.of(sample.db, sample.table).tag)
+        victim = cluster.master_of(key)
+        seed = next(n for n in cluster.nodes if n is not victim)
+        proxy = proxy_factory(
+            "--redis", f"redis://127.0.0.1:{seed.port}", "--redis-mode", "cluster"
+        )
+        with redis.Redis(port=victim.port) as r:
+            victim_id = r.execute_command("CLUSTER", "MYID")
+            victim_id = victim_id.decode() if isinstance(victim_id, bytes) else victim_id
+            nodes = r.execute_command("CLUSTER", "NODES")
+        lines = nodes.decode() if isinstance(nodes, bytes) else nodes
+        if isinstance(lines, dict):  # (redis-py may parse it)
+            replica_port = next(
+                int(addr.split(":")[1].split("@")[0])
+                for addr, info in lines.items()
+                if info.get("master_id") == victim_id
+            )
+        else:
+            replica_port = next(
+                int(line.split()[1].split(":")[1].split("@")[0])
+                for line in lines.splitlines()
+                if line.split()[3] == victim_id
+            )
+        with Workload(hms, proxy, sample) as load:
+            eventually(lambda: hits(proxy) > 5)
+            with redis.Redis(port=replica_port) as r:
+                r.execute_command("CLUSTER", "FAILOVER")
+            eventually(lambda: owner(cluster, key) not in (None, victim), timeout=30)
+            after_failover = hits(proxy)
+            eventually(lambda: hits(proxy) > after_failover + 10, timeout=30)
+        assert load.errors == [] and load.failed_replies == []
+        assert load.mismatches == []
+        assert proxy.metric("hmsproxy_redis_writes_taken") == 1
+
+
 def test_the_metastore_killed_and_restarted_under_load(
     own_hms: MetastoreServer, proxy_factory: ProxyFactory
 ) -> None:
