@@ -35,6 +35,7 @@ from proxy.handler.writes import Writes
 from proxy.loop import guarded_write
 from proxy.metrics import Metrics, method_label
 from proxy.upstream import ClientChannel, UpstreamPool
+from proxy.upstream.hazards import spoils_connection
 from proxy.wire.binary import AppErrorType, MessageHeader, MessageType
 from proxy.wire.framing import Message, Transport, seqid_offset
 
@@ -182,6 +183,8 @@ class CallHandler:
         done (the call takes :meth:`handle`)."""
         if not self.forwards_plainly(session, message.header):
             return None
+        if spoils_connection(message.header.name, message.body):
+            return None  # (its connection is closed after it: the ordinary way does that)
         pool = self.pool
         conn = pool.take_now(session.identity)
         if conn is None:

@@ -28,6 +28,7 @@ from proxy.upstream import (
     relay,
 )
 from proxy.upstream.errors import UpstreamProtocolError, started
+from proxy.upstream.hazards import spoils_connection
 from proxy.upstream.relay import OnReply, result_outcome, send
 from proxy.wire.binary import (
     AppErrorType,
@@ -182,6 +183,8 @@ class Forwarder:
         """Send ``request`` on ``conn`` (unless it was ``sent``) and relay (or return) the
         reply."""
         header = message.header
+        if spoils_connection(header.name, message.body):
+            conn.spoilt = True  # closed after this call, not given to another
         bridgeable = header.name in bridge.REPLACEMENTS and not oneway
         known = sent is None and self.removals.replacement(conn.endpoint, header.name)
         if bridgeable and known:

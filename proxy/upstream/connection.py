@@ -49,13 +49,15 @@ class UpstreamConnection:
     pinned: bool = False
     closed: bool = False  # closed by the pool: it no longer counts against the limit
     held_by_read: bool = False  # in use by a read: counted against the reads' share
+    spoilt: bool = False  # a call left it unfit for another (see .hazards): closed after
     # Its protocol, when its replies can be taken as they arrive (plain streams, no SASL).
     diverter: DivertingProtocol | None = None
 
     @property
     def usable(self) -> bool:
-        """Not closed by either side (an idle HMS connection can be closed under us)."""
-        return not (self.closed or self.reader.at_eof() or self.writer.is_closing())
+        """Not closed by either side (an idle HMS connection can be closed under us), nor
+        spoilt for other calls."""
+        return not (self.closed or self.spoilt or self.reader.at_eof() or self.writer.is_closing())
 
     def close(self) -> None:
         self.closed = True
