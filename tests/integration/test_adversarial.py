@@ -1,6 +1,6 @@
 """A randomised adversary (issue 39): several proxies on both stores, concurrent writers
 through them and straight at the metastore, bursts, Redis refusing writes, odd spellings;
-every read judged against what was acknowledged before it (tests/rig/adversary.py).
+every read judged against what was acknowledged before it (tests/rig/adversary/).
 
 Four proxies in front of the real HMS 2.3.10: two Redis peers and a third with
 ``--redis-tracking off`` (one of them follows the notification log, every 0.3 s), and one
