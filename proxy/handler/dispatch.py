@@ -183,7 +183,7 @@ class CallHandler:
         done (the call takes :meth:`handle`)."""
         if not self.forwards_plainly(session, message.header):
             return None
-        if spoils_connection(message.header.name, message.body):
+        if spoils_connection(message):
             return None  # (its connection is closed after it: the ordinary way does that)
         pool = self.pool
         conn = pool.take_now(session.identity)

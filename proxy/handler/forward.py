@@ -183,7 +183,7 @@ class Forwarder:
         """Send ``request`` on ``conn`` (unless it was ``sent``) and relay (or return) the
         reply."""
         header = message.header
-        if spoils_connection(header.name, message.body):
+        if spoils_connection(message):
             conn.spoilt = True  # closed after this call, not given to another
         bridgeable = header.name in bridge.REPLACEMENTS and not oneway
         known = sent is None and self.removals.replacement(conn.endpoint, header.name)

@@ -20,6 +20,7 @@ from typing import Any
 
 from proxy import idl
 from proxy.wire.errors import ProtocolError
+from proxy.wire.framing import Message
 
 # Arguments that name one partition (or carry partitions, whose values name them).
 _NAMES = ("part_name", "part_vals", "new_part", "new_parts")
@@ -48,16 +49,18 @@ def _loose(value: Any) -> bool:
     return isinstance(values, list) and _loose(values)
 
 
-def spoils_connection(method: str, body: bytes) -> bool:
-    """Whether a call of ``method`` with these arguments may leave the metastore's
-    transaction open (see the module): its connection must not serve another call."""
+def spoils_connection(message: Message) -> bool:
+    """Whether this call may leave the metastore's transaction open (see the module): its
+    connection must not serve another call. On every forwarded call: the name decides for
+    most, and only a call that names partitions has its arguments (a copy) looked at."""
+    method = message.header.name
     if method not in idl.method_names():
         return False
     fields = _naming_fields(method)
     if not fields:
         return False
     try:
-        args = idl.decode_args(method, body)
+        args = idl.decode_args(method, message.body)
     except ProtocolError:  # the metastore refuses it before any transaction
         return False
     return any(_loose(getattr(args, name, None)) for name in fields)

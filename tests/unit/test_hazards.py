@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from proxy import idl
 from proxy.upstream.hazards import spoils_connection
+from proxy.wire.binary import MessageType, encode_header, parse_header
+from proxy.wire.framing import Message
 
 
-def body(method: str, **args: object) -> bytes:
-    data = idl.encode_call(method, 1, **args)
-    return data[12 + len(method) :]
+def message(data: bytes) -> Message:
+    header = parse_header(data, 0, len(data))
+    assert header is not None
+    return Message(header, data)
+
+
+def call(method: str, **args: object) -> Message:
+    return message(idl.encode_call(method, 1, **args))
 
 
 def test_a_partition_named_with_a_trailing_blank_spoils_the_connection() -> None:
@@ -19,21 +26,18 @@ def test_a_partition_named_with_a_trailing_blank_spoils_the_connection() -> None
         ("get_partition_by_name", " ds=1"): False,  # leading blanks are compared exactly
     }
     for (method, name), spoils in cases.items():
-        call = body(method, db_name="d", tbl_name="t", part_name=name)
-        assert spoils_connection(method, call) is spoils, name
+        named = call(method, db_name="d", tbl_name="t", part_name=name)
+        assert spoils_connection(named) is spoils, name
     assert spoils_connection(
-        "get_partition", body("get_partition", db_name="d", tbl_name="t", part_vals=["1", "x "])
+        call("get_partition", db_name="d", tbl_name="t", part_vals=["1", "x "])
     )
     assert not spoils_connection(
-        "get_partition", body("get_partition", db_name="d", tbl_name="t", part_vals=["1 ", "x"])
+        call("get_partition", db_name="d", tbl_name="t", part_vals=["1 ", "x"])
     )
     padded = m.Partition(values=["2024 "], dbName="d", tableName="t")
+    assert spoils_connection(call("alter_partition", db_name="d", tbl_name="t", new_part=padded))
     assert spoils_connection(
-        "alter_partition", body("alter_partition", db_name="d", tbl_name="t", new_part=padded)
-    )
-    assert spoils_connection(
-        "alter_partitions",
-        body(
+        call(
             "alter_partitions",
             db_name="d",
             tbl_name="t",
@@ -43,6 +47,8 @@ def test_a_partition_named_with_a_trailing_blank_spoils_the_connection() -> None
 
 
 def test_other_calls_and_nonsense_do_not() -> None:
-    assert not spoils_connection("get_table", body("get_table", dbname="d ", tbl_name="t "))
-    assert not spoils_connection("no_such_method", b"\x00")
-    assert not spoils_connection("get_partition_by_name", b"\xff\xff")  # refused before any
+    assert not spoils_connection(call("get_table", dbname="d ", tbl_name="t "))
+    unknown = encode_header("no_such_method", MessageType.CALL, 1) + b"\x00"
+    assert not spoils_connection(message(unknown))
+    nonsense = encode_header("get_partition_by_name", MessageType.CALL, 1) + b"\xff\xff"
+    assert not spoils_connection(message(nonsense))  # refused before any transaction
