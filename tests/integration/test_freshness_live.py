@@ -23,13 +23,19 @@ from tests.rig.waiting import eventually
 pytestmark = pytest.mark.hms
 
 
-def test_a_stale_hit_is_counted_and_its_table_then_read_from_the_metastore(
-    hms: MetastoreServer, sample: Sample, redis_server: RedisServer, proxy_factory: ProxyFactory
-) -> None:
-    name = f"freshness_{os.getpid()}_{time.monotonic_ns()}"
+def new_table(hms: MetastoreServer, sample: Sample, prefix: str) -> str:
+    """A table of this test's own in the sample database: its name."""
+    name = f"{prefix}_{os.getpid()}_{time.monotonic_ns()}"
     location = f"{hms.warehouse.as_uri()}/{sample.db}.db/{name}"
     with client(hms.host, hms.port) as c:
         c.create_table(table(sample.db, name, storage_descriptor(location)))
+    return name
+
+
+def test_a_stale_hit_is_counted_and_its_table_then_read_from_the_metastore(
+    hms: MetastoreServer, sample: Sample, redis_server: RedisServer, proxy_factory: ProxyFactory
+) -> None:
+    name = new_table(hms, sample, "freshness")
     proxy = proxy_factory(
         "--redis",
         redis_server.url,
@@ -96,10 +102,7 @@ def test_writes_the_notification_log_shows_are_never_counted_stale(
     """Straight at the metastore, with the log followed: hits are stale until the follower
     applies the write's event (about a poll), and the check waits for the follower before it
     judges, so none of them is counted."""
-    name = f"followed_{os.getpid()}_{time.monotonic_ns()}"
-    location = f"{hms.warehouse.as_uri()}/{sample.db}.db/{name}"
-    with client(hms.host, hms.port) as c:
-        c.create_table(table(sample.db, name, storage_descriptor(location)))
+    name = new_table(hms, sample, "followed")
     proxy = proxy_factory(
         "--redis",
         redis_server.url,

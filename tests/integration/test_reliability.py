@@ -18,6 +18,7 @@ from proxy.wire.binary import MessageType, parse_header
 from tests.conftest import ProxyFactory
 from tests.rig import raw
 from tests.rig.hms import MetastoreServer
+from tests.rig.proxy_process import ProxyProcess
 from tests.rig.redis_server import RedisCluster, RedisServer
 from tests.rig.sample import Sample, client, create
 from tests.rig.waiting import eventually
@@ -33,16 +34,23 @@ def owner(cluster: RedisCluster, key: str) -> RedisServer | None:
         return None
 
 
+def proxy_on_cluster(
+    cluster: RedisCluster, sample: Sample, proxy_factory: ProxyFactory
+) -> tuple[str, RedisServer, RedisServer, ProxyProcess]:
+    """A proxy on ``cluster``, seeded by another node than the master holding the sample
+    table's versions: (that key, that master, the seed, the proxy)."""
+    key = Naming().versions(TableRef.of(sample.db, sample.table).tag)
+    victim = cluster.master_of(key)
+    seed = next(n for n in cluster.nodes if n is not victim)
+    proxy = proxy_factory("--redis", f"redis://127.0.0.1:{seed.port}", "--redis-mode", "cluster")
+    return key, victim, seed, proxy
+
+
 def test_a_redis_cluster_master_killed_under_load(
     hms: MetastoreServer, proxy_factory: ProxyFactory, sample: Sample, tmp_path: Path
 ) -> None:
     with RedisCluster(tmp_path / "cluster", nodes=6, replicas=1) as cluster:
-        key = Naming().versions(TableRef.of(sample.db, sample.table).tag)
-        victim = cluster.master_of(key)
-        seed = next(n for n in cluster.nodes if n is not victim)
-        proxy = proxy_factory(
-            "--redis", f"redis://127.0.0.1:{seed.port}", "--redis-mode", "cluster"
-        )
+        key, victim, seed, proxy = proxy_on_cluster(cluster, sample, proxy_factory)
         with Workload(hms, proxy, sample) as load:
             eventually(lambda: hits(proxy) > 5)
             victim.stop()  # SIGKILL: its replica takes over after the node timeout (2 s)
@@ -64,12 +72,7 @@ def test_a_graceful_cluster_failover_under_load(
     import redis
 
     with RedisCluster(tmp_path / "cluster", nodes=6, replicas=1) as cluster:
-        key = Naming().versions(TableRef.of(sample.db, sample.table).tag)
-        victim = cluster.master_of(key)
-        seed = next(n for n in cluster.nodes if n is not victim)
-        proxy = proxy_factory(
-            "--redis", f"redis://127.0.0.1:{seed.port}", "--redis-mode", "cluster"
-        )
+        key, victim, _, proxy = proxy_on_cluster(cluster, sample, proxy_factory)
         with redis.Redis(port=victim.port) as r:
             victim_id = r.execute_command("CLUSTER", "MYID")
             victim_id = victim_id.decode() if isinstance(victim_id, bytes) else victim_id
