@@ -229,14 +229,15 @@ class RedisLink:
         """Is Redis taking this proxy's writes? (:mod:`.write_trust`)"""
         trusted = False
         while not self._closed:
-            taken, why = await self._probe_once()
+            why = await self._probe_once()
             now = time.monotonic()
-            if not taken and self.mirror is not None:
-                # Versions kept in process may be ones another proxy could not bump.
-                self.mirror.forget_everything()
             if self.write_trust.trusted(now) != trusted:
                 trusted = not trusted
                 self.metrics.redis_writes_taken.set(1 if trusted else 0)
+                if not trusted and self.mirror is not None:
+                    # Versions kept in process may be ones another proxy could not bump
+                    # (once, as trust ends: a probe merely late, on a busy machine, keeps them).
+                    self.mirror.forget_everything()
                 if trusted:
                     log.info("cache: redis takes this proxy's writes: serving from it again")
                 elif self.write_trust.ever_taken:
@@ -247,9 +248,9 @@ class RedisLink:
                     )
             await asyncio.sleep(PROBE_EVERY)
 
-    async def _probe_once(self) -> tuple[bool, str]:
+    async def _probe_once(self) -> str:
         """Set a key of this proxy's on every node; on a failure, ping (reads served?).
-        Returns whether it was taken, and the error reply if one came."""
+        Returns the error reply that refused it, if one did."""
         refusals: list[str] = []
         taken = False
         if self._client is not None and self._probe_keys:
@@ -279,10 +280,10 @@ class RedisLink:
             taken = len(replies) == len(sends) and not errors
         if taken:
             self.write_trust.taken(time.monotonic())
-            return True, ""
+            return ""
         answered = self._client is not None and await self.ping()
         self.write_trust.not_taken(time.monotonic(), refused=bool(refusals), answered=answered)
-        return False, refusals[0] if refusals else ""
+        return refusals[0] if refusals else ""
 
     def _track(self, places: list[Place]) -> None:
         """(Re)start the invalidation streams, one per node."""
