@@ -111,7 +111,6 @@ class Kerberos:
             try:
                 await off_loop(lambda: self.login.login(force=False), LOGIN_TIMEOUT)
                 metrics.kerberos_login_expiry.set(self.login.expires_at)
-                log.info("Kerberos: logged in again as %s", self.login.principal)
             except TimeoutError:
                 log.warning("Kerberos: no answer from the KDC in %g s; trying again", LOGIN_TIMEOUT)
             except SaslError as exc:

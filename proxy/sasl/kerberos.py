@@ -11,6 +11,7 @@ never wait on an expired ticket.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 import time
@@ -19,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from proxy.sasl.layer import SaslError
+
+log = logging.getLogger("proxy.auth")
 
 T = TypeVar("T")
 
@@ -123,6 +126,10 @@ class KerberosLogin:
             self.started_at = now
             self.expires_at = now + lifetime
             self.logins += 1
+        if self.logins > 1:
+            # Here, not in the renewal loop: a new metastore connection may find the login due
+            # first and take it (the loop then finds nothing to do).
+            log.info("Kerberos: logged in again as %s", self.principal)
 
     def relogin_at(self) -> float:
         """When the login is taken again: a margin before it expires."""
