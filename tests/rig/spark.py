@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from tests.rig import engine_docs
 from tests.rig.hms import write_site
 from tests.rig.kdc import Realm
 
@@ -31,16 +32,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def session(uri: str, warehouse: str, app: str, conf: Mapping[str, str] | None = None) -> Any:
-    """A Spark session whose Hive catalog is the metastore at ``uri``, with dynamic
-    partitions allowed (non-strict), quiet logs and no UI; ``conf`` on top (``kerberos_conf``)."""
+    """A Spark session whose Hive catalog is the metastore at ``uri``, configured as
+    docs/engines.md says (its Spark snippet, tests.rig.engine_docs), with dynamic partitions
+    allowed (non-strict), quiet logs and no UI; ``conf`` on top (``kerberos_conf``)."""
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder.master("local[1]").appName(app)
+    for key, value in engine_docs.configured("Spark", uri).items():
+        builder = builder.config(key, value)
     builder = (
-        SparkSession.builder.master("local[1]")
-        .appName(app)
-        .config("spark.sql.catalogImplementation", "hive")
-        .config("spark.hadoop.hive.metastore.uris", uri)
-        .config("spark.sql.warehouse.dir", warehouse)
+        builder.config("spark.sql.warehouse.dir", warehouse)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "1")
     )
