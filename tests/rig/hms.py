@@ -188,16 +188,15 @@ class MetastoreServer(Service):
             | locking
         )
 
-    def start(self, timeout: float = 180) -> None:
-        conf = self.workdir / "conf"
-        conf.mkdir(parents=True, exist_ok=True)
-        self.warehouse.mkdir(parents=True, exist_ok=True)
+    def _write_conf(self, conf: Path) -> None:
         write_site(conf / "hive-site.xml", self._site())
         if self.kerberos is not None:
             write_site(conf / "core-site.xml", self._core_site())
         (conf / "log4j2.properties").write_text(LOG4J2)
+
+    def _command(self, conf: Path) -> list[str]:
         classes = java.compiled_helpers()
-        command = [
+        return [
             "java",
             "-Xmx768m",
             "-XX:+UseSerialGC",
@@ -213,6 +212,13 @@ class MetastoreServer(Service):
             "-p",
             str(self.port),
         ]
+
+    def start(self, timeout: float = 180) -> None:
+        conf = self.workdir / "conf"
+        conf.mkdir(parents=True, exist_ok=True)
+        self.warehouse.mkdir(parents=True, exist_ok=True)
+        self._write_conf(conf)
+        command = self._command(conf)
         with open(self.workdir / "hms.log", "ab") as log:  # the process keeps its own copy
             self.process = subprocess.Popen(
                 command,
