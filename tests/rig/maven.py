@@ -109,16 +109,18 @@ def _unpack(archive: Path, into: Path) -> None:
     archive.unlink()  # unpacked: the copy in ~/.m2 stays
 
 
-def java_home(at_least: int) -> Path:
-    """A JDK of version ``at_least`` or newer: $JAVA_HOME if it is one, else the newest under
-    /usr/lib/jvm (this machine kind has a Temurin JDK beside the default 17)."""
+def java_home(at_least: int, at_most: int | None = None, needs: str = "Trino") -> Path:
+    """A JDK of version ``at_least`` (to ``at_most``): $JAVA_HOME if it is one, else the newest
+    such under /usr/lib/jvm (this machine kind has a Temurin JDK beside the default 17)."""
     candidates = [Path(os.environ["JAVA_HOME"])] if "JAVA_HOME" in os.environ else []
     candidates += sorted(JVMS.glob("*"), key=_version, reverse=True)
     for home in candidates:
-        if (home / "bin" / "java").exists() and _version(home) >= at_least:
+        version = _version(home)
+        if (home / "bin" / "java").exists() and at_least <= version <= (at_most or version):
             return home
+    wanted = f"{at_least} to {at_most}" if at_most else f"{at_least} or newer"
     raise RuntimeError(
-        f"no JDK {at_least} or newer (looked at $JAVA_HOME and {JVMS}); Trino needs one: "
+        f"no JDK {wanted} (looked at $JAVA_HOME and {JVMS}); {needs} needs one: "
         f"install one there or set JAVA_HOME"
     )
 

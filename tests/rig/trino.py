@@ -30,7 +30,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from tests.rig import engine_docs, maven
 from tests.rig.ports import free_port
@@ -116,6 +116,9 @@ class TrinoServer(Service):
     :func:`hive_catalog`); ``heap`` its -Xmx (it starts with 384M too: queries may use
     ``query_memory``, and Trino keeps 30% of the heap beside it)."""
 
+    NAME = "Trino"
+    PARTS = "trino"  # its pom under tests/rig/maven
+
     def __init__(
         self,
         workdir: Path,
@@ -167,10 +170,10 @@ class TrinoServer(Service):
             "task.max-worker-threads": "4",
             **self.extra_config,
         }
-        _write_properties(etc / "config.properties", config)
-        _write_properties(etc / "log.properties", {"io.trino": "INFO"})
+        write_properties(etc / "config.properties", config)
+        write_properties(etc / "log.properties", {"io.trino": "INFO"})
         for name, properties in self.catalogs.items():
-            _write_properties(etc / "catalog" / f"{name}.properties", properties)
+            write_properties(etc / "catalog" / f"{name}.properties", properties)
 
     def node_properties(self) -> dict[str, str]:
         return {
@@ -199,8 +202,8 @@ class TrinoServer(Service):
             "io.trino.server.TrinoServer",
         ]
 
-    def start(self, timeout: float = 300) -> TrinoServer:
-        parts = maven.resolved("trino")
+    def start(self, timeout: float = 300) -> Self:
+        parts = maven.resolved(self.PARTS)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._layout(parts)
         started = time.monotonic()
@@ -217,14 +220,16 @@ class TrinoServer(Service):
         while True:
             if self.process.poll() is not None:
                 raise RuntimeError(
-                    f"Trino exited with {self.process.returncode} while starting:\n"
+                    f"{self.NAME} exited with {self.process.returncode} while starting:\n"
                     f"{self.log_tail()}"
                 )
             info = self._info()
             if info is not None and info.get("starting") is False:
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"Trino not started after {timeout:g} s:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"{self.NAME} not started after {timeout:g} s:\n{self.log_tail()}"
+                )
             time.sleep(0.25)
         self.started_in = time.monotonic() - started
         self.ready_at = time.monotonic()
@@ -353,5 +358,5 @@ class TrinoServer(Service):
         return sum(s["totalDrivers"] for s in summaries if s["operatorType"] in SCAN_OPERATORS)
 
 
-def _write_properties(path: Path, properties: dict[str, str]) -> None:
+def write_properties(path: Path, properties: dict[str, str]) -> None:
     path.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.rig import engine_docs, maven
+from tests.rig.presto import hive_catalog as presto_catalog
 from tests.rig.trino import hive_catalog, iceberg_catalog
 
 URI = "thrift://10.0.0.1:9999"
@@ -43,12 +44,15 @@ def test_every_snippet_names_the_documented_uri() -> None:
         assert engine_docs.snippets(section)[0][key] == engine_docs.DOC_URI, section
 
 
-def test_the_trino_catalogs_of_the_tests_are_the_documented_ones() -> None:
+def test_the_trino_and_presto_catalogs_of_the_tests_are_the_documented_ones() -> None:
     files = {"fs.native-s3.enabled": "true"}
     hive = engine_docs.configured("Trino", URI)
     assert hive["hive.metastore-cache-ttl"] == "0s"
     assert hive["hive.metastore-stats-cache-ttl"] == "0s"
     assert hive_catalog(URI, files) == hive | files
+    presto = engine_docs.configured("Presto", URI)
+    assert presto["connector.name"] == "hive-hadoop2"
+    assert presto_catalog(URI, files) == presto | files
     iceberg = engine_docs.configured("Iceberg", URI)
     assert iceberg["iceberg.catalog.type"] == "hive_metastore"
     assert iceberg_catalog(URI, files) == iceberg | files
@@ -90,6 +94,7 @@ def test_the_tested_versions_are_the_ones_the_rig_runs() -> None:
         "iceberg", "iceberg-hive-metastore"
     )
     assert versions["pyiceberg"] == importlib.metadata.version("pyiceberg")
+    assert versions["Presto, Hive connector"] == pom_version("presto", "presto-server")
 
 
 def test_the_tests_the_table_names_exist() -> None:
