@@ -14,6 +14,10 @@ Each metastore runs as its version ships, with what the proxy's tests need on:
   extensions 3.1.3, json-0.2 messages); 4.0.1 with the rig's stand-in
   (tests/rig/java-hive4/NotificationLog.java: hcatalog's extensions are not published for
   4.0.x), a transactional listener writing Hive 4's own messages (gzip(json-2.0));
+* tables on ``s3://`` and ``s3a://`` locations (the moto S3 server the Trino tests write to):
+  the 2.3.10 rig's stand-in file system (tests/rig/java/ObjectStoreStub.java, compiled against
+  each version's Hadoop jars), for which every path is an existing empty directory; the
+  tarballs have no hadoop-aws;
 * transactions and locks (``lock``/``check_lock``/``unlock``, as Iceberg's commits take), with
   the housekeeper reaping locks not heartbeated for ``txn_timeout`` seconds.
 
@@ -37,6 +41,8 @@ from tests.rig.hms import CONSOLE_LOG4J2, MetastoreServer, write_site
 
 VERSIONS = ("3.1.3", "4.0.1")
 STAND_INS = Path(__file__).resolve().parent / "java-hive4"
+# The 2.3.10 rig's S3 stand-in (see tests/rig/hms.py), compiled with each version's jars.
+OBJECT_STORE = Path(__file__).resolve().parent / "java" / "ObjectStoreStub.java"
 
 # The start-up line of each, and the one that says the notification listener is the one asked.
 LOG4J2 = (
@@ -95,15 +101,15 @@ def parts(version: str) -> Path:
 def classpath(version: str, conf: Path) -> str:
     base = parts(version)
     jars = [conf, base / KINDS[version].home / "lib" / "*", base / "lib" / "*"]
-    stand_ins = _stand_ins(version)
-    return ":".join(str(p) for p in ([stand_ins] if stand_ins else []) + jars)
+    return ":".join(str(p) for p in [_stand_ins(version), *jars])
 
 
-def _stand_ins(version: str) -> Path | None:
-    """tests/rig/java-hive4/*.java compiled against 4.0.1's jars, once per content."""
-    if version != "4.0.1":
-        return None
-    sources = sorted(STAND_INS.glob("*.java"))
+def _stand_ins(version: str) -> Path:
+    """The rig's Java stand-ins compiled against ``version``'s jars, once per content:
+    ObjectStoreStub.java for every version, tests/rig/java-hive4/*.java for 4.0.1."""
+    sources = [OBJECT_STORE]
+    if version == "4.0.1":
+        sources += sorted(STAND_INS.glob("*.java"))
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:12]
     out = parts(version) / f"classes-{digest}"
     if (out / ".done").exists():
@@ -122,7 +128,9 @@ def _stand_ins(version: str) -> Path | None:
                 check=False,
             )
             if done.returncode != 0:
-                raise RuntimeError(f"javac failed on {STAND_INS}:\n{done.stderr[-2000:]}")
+                raise RuntimeError(
+                    f"javac failed on {[str(p) for p in sources]}:\n{done.stderr[-2000:]}"
+                )
             (building / ".done").touch()
             shutil.rmtree(out, ignore_errors=True)
             building.rename(out)
@@ -235,6 +243,12 @@ class HiveMetastore(MetastoreServer):
             # get_table_names_by_filter on a parameter filter always fails so on Derby);
             # 10 times 0.1 s apart here.
             "hive.hmshandler.retry.interval": "100ms",
+            # No hadoop-aws in the tarballs: the rig's stand-in lets tables live on s3:// and
+            # s3a:// (see ObjectStoreStub.java; the proxy and Trino reach the real objects).
+            "fs.s3.impl": "hmsproxy.rig.ObjectStoreStub",
+            "fs.s3a.impl": "hmsproxy.rig.ObjectStoreStub",
+            "fs.s3.impl.disable.cache": "true",
+            "fs.s3a.impl.disable.cache": "true",
         }
 
     def _write_conf(self, conf: Path) -> None:
