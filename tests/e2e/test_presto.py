@@ -9,28 +9,20 @@ Tables live on the moto S3 server, as in tests/e2e/test_trino.py.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.conftest import PATIENT
+from tests.e2e.conftest import BUCKET
 from tests.rig.hms import MetastoreServer
 from tests.rig.presto import PrestoServer, hive_catalog, s3_files
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
+from tests.rig.trino import results
 
 pytestmark = [pytest.mark.hms, pytest.mark.maven, pytest.mark.presto]
-
-BUCKET = "presto"
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    with S3Server(tmp_path_factory.mktemp("s3")) as server:
-        server.client().create_bucket(Bucket=BUCKET)
-        yield server
 
 
 @pytest.fixture(scope="module")
@@ -93,16 +85,7 @@ def statements(catalog: str, schema: str) -> list[str]:
 
 
 def run(presto: PrestoServer, catalog: str, schema: str) -> list[Any]:
-    """Each statement's columns and rows (names of this run made neutral), and, for
-    queries, how many splits their scans read (partition pruning shows there)."""
-    out: list[Any] = []
-    for sql in statements(catalog, schema):
-        result = presto.query(sql)
-        splits = presto.scan_splits(result.query_id) if sql.startswith("SELECT") else None
-        text = repr((result.columns, result.rows, splits))
-        neutral = re.sub(re.escape(schema), "S", re.sub(re.escape(catalog), "C", text))
-        out.append((sql.replace(catalog, "C").replace(schema, "S"), neutral))
-    return out
+    return results(presto, statements(catalog, schema), catalog, schema)
 
 
 def test_statements_give_through_the_proxy_what_they_give_directly(

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import PATIENT
-from tests.e2e.test_trino import BUCKET, POLL, run, uri
+from tests.e2e.test_trino import POLL, run, uri
 from tests.rig.hive_metastore import HiveMetastore
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
@@ -31,13 +31,6 @@ from tests.rig.trino import TrinoServer, hive_catalog, s3_files
 pytestmark = [pytest.mark.hms, pytest.mark.maven, pytest.mark.trino]
 
 VERSION = "4.0.1"
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    with S3Server(tmp_path_factory.mktemp("s3")) as server:
-        server.client().create_bucket(Bucket=BUCKET)
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,13 @@ The simulation is shown faithful first (its refusal is 4.0.1's bytes, on a conne
 stays open; real clients pointed at it fail). Then, through the proxy: the bridged replies
 are byte for byte what 2.3.10's own get_table / get_table_objects_by_name send (the same
 Table bytes its _req forms carry), found or missing, cached and invalidated like any other;
-and real Spark (its built-in Hive 2.3.10 client) and pyiceberg work end to end.
+and pyiceberg works end to end. The same runs against the real 4.0.1, with Spark, in
+tests/integration/test_real_metastores*.py; this simulation stays for runs without the Maven
+parts (``-m "not maven"``).
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +23,6 @@ from thrift.Thrift import TApplicationException
 
 from proxy import idl
 from tests.conftest import ProxyFactory
-from tests.e2e.test_spark import run_job
 from tests.rig import raw
 from tests.rig.hms import MetastoreServer
 from tests.rig.hms4 import Hms401
@@ -123,27 +122,8 @@ def test_a_write_through_the_proxy_invalidates_a_bridged_entry(
 # -- real clients ----------------------------------------------------------------------------
 
 
-@pytest.mark.spark
-def test_spark_runs_against_hms_401_through_the_proxy_only(
-    hms: MetastoreServer, hms401: Hms401, bridged: ProxyProcess
-) -> None:
-    # Straight to the simulated 4.0.1: Spark's Hive 2.3.10 client fails on get_table.
-    job = subprocess.run(
-        [sys.executable, "-m", "tests.e2e.spark_job", hms401.uri, hms.warehouse.as_uri(), "s401"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    assert job.returncode != 0
-    assert "Invalid method name: 'get_table'" in job.stdout + job.stderr
-    through = run_job(f"thrift://127.0.0.1:{bridged.port}", hms.warehouse, "spark_bridged")
-    assert through["partitions"] == ["ds=2024-01-01", "ds=2024-01-02", "ds=2024-01-03"]
-    assert through["selected"] == [[2, "b", "2024-01-02"], [3, "c", "2024-01-02"]]
-    assert through["tables"] == ["events"]
-    # Spark's get_table calls went over the bridge (its repeats are hits, which the
-    # bridged-calls counter does not count: how many depends on what the cache held).
-    assert bridged.metric("hmsproxy_bridged_calls_total", method="get_table") >= 1
+# Spark's built-in Hive 2.3 client against 4.0.1 runs against the real 4.0.1
+# (tests/integration/test_real_metastores_engines.py), not this simulation.
 
 
 def test_pyiceberg_runs_against_hms_401_through_the_proxy_only(

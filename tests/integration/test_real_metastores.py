@@ -283,8 +283,9 @@ def test_writes_straight_at_the_metastore_are_seen_within_a_poll(
                 raw.call("127.0.0.1", proxy.port, request)
         write()
         started = time.monotonic()
-        eventually(lambda: fresh(real, proxy, real_sample), 5, f"{write.__name__} seen")
-        assert time.monotonic() - started < 3, write.__name__
+        # A poll (0.3 s here) and the reads that look, on a busy machine: one bound.
+        eventually(lambda: fresh(real, proxy, real_sample), 3, f"{write.__name__} seen")
+        print(f"{write.__name__}: seen {time.monotonic() - started:.2f} s after")
     seen = {
         dict(labels)["type"]
         for (name, labels), v in proxy.metrics().items()

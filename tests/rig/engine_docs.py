@@ -2,8 +2,9 @@
 
 The Trino catalogs (tests/rig/trino.py) and the Spark sessions (tests/rig/spark.py) of the tests
 are built from the ``properties`` snippets of docs/engines.md, with the snippet's metastore URI
-replaced by the test's: a snippet that does not work fails a real-engine test, and one the rig
-does not use is caught by tests/unit/test_engine_docs.py.
+replaced by the test's: a snippet that does not work fails a real-engine test.
+tests/unit/test_engine_docs.py holds the list of snippets the rig runs and of those it does not
+(with the reason), and fails on a snippet in neither.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ rig's other Java helpers.
 from __future__ import annotations
 
 import hashlib
+import selectors
 import shutil
 import subprocess
 import tempfile
@@ -118,8 +119,17 @@ class Writer:
             )
         return self
 
-    def ready(self) -> None:
+    def ready(self, timeout: float = 90) -> None:
+        """Until the writer has loaded the table and printed READY (or died); one that hangs
+        instead is killed after ``timeout`` seconds."""
         assert self.proc is not None and self.proc.stdout is not None
+        waiting = selectors.DefaultSelector()
+        waiting.register(self.proc.stdout, selectors.EVENT_READ)
+        if not waiting.select(timeout):
+            self.stop()
+            raise RuntimeError(
+                f"Java writer {self.writer} not ready after {timeout:g} s:\n{self._stderr()}"
+            )
         line = self.proc.stdout.readline()  # the JVM prints READY or dies
         if line.strip() != "READY":
             self.proc.wait(10)

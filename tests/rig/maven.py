@@ -45,24 +45,33 @@ def folder(name: str) -> Path:
 
 def resolved(name: str) -> Path:
     """The folder of ``name``'s resolved parts (see the module docstring); resolved once per
-    pom, one process at a time (pytest-xdist's workers share .rig/)."""
+    pom, one process at a time (pytest-xdist's workers share .rig/), built aside and renamed
+    into place, so a resolve that dies half-way leaves nothing that looks done; the folders of
+    the part's earlier poms are removed."""
     out = folder(name)
     if (out / ".done").exists():
         return out
     with machine.alone(f"maven-{name}", OUT):
         if (out / ".done").exists():
             return out
-        for left in [out, *OUT.glob(f".{name}-*")]:
-            shutil.rmtree(left, ignore_errors=True)  # half-built, by a process that died
-        building = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=OUT))
+        aside = OUT / ".building" / name
+        shutil.rmtree(aside, ignore_errors=True)  # half-built, by a process that died
+        aside.mkdir(parents=True)
         try:
-            _copy(POMS / name / "pom.xml", building / "lib")
-            for archive in sorted((building / "lib").iterdir()):
-                _unpack(archive, building)
-            (building / ".done").touch()
-            building.rename(out)
+            # One Maven at a time: 3.8 does not lock its local repository, and parts share
+            # artifacts (Hadoop's client jars, the dependency plugin).
+            with machine.alone("maven", OUT):
+                _copy(POMS / name / "pom.xml", aside / "lib")
+            for archive in sorted((aside / "lib").iterdir()):
+                _unpack(archive, aside)
+            (aside / ".done").touch()
+            shutil.rmtree(out, ignore_errors=True)
+            aside.rename(out)
         finally:
-            shutil.rmtree(building, ignore_errors=True)
+            shutil.rmtree(aside, ignore_errors=True)
+        for old in OUT.iterdir():
+            if re.fullmatch(rf"{re.escape(name)}-[0-9a-f]{{12}}", old.name) and old != out:
+                shutil.rmtree(old, ignore_errors=True)
     return out
 
 
@@ -71,13 +80,19 @@ def _copy(pom: Path, lib: Path) -> None:
         "mvn",
         "-B",
         "-q",
+        "-C",  # a download whose checksum does not match fails here, not in the unpack
         "-f",
         str(pom),
         "dependency:copy-dependencies",
         f"-DoutputDirectory={lib}",
         "-Dmdep.overWriteIfNewer=true",
     ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=3600)
+    except FileNotFoundError:
+        raise RuntimeError("no mvn on PATH (scripts/setup.sh --test installs Maven)") from None
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"Maven did not resolve {pom.parent.name} within an hour") from None
     if done.returncode != 0:
         errors = [line for line in done.stdout.splitlines() if line.startswith("[ERROR]")]
         why = errors[0] if errors else (done.stdout + done.stderr).strip()[-300:]
@@ -92,17 +107,26 @@ def _unpack(archive: Path, into: Path) -> None:
         return
     target = into / match.group(1)
     unpacking = Path(tempfile.mkdtemp(prefix=".unpack-", dir=into))
-    if archive.name.endswith(".zip"):
-        with zipfile.ZipFile(archive) as z:
-            z.extractall(unpacking)
-            # zipfile drops the modes; Trino's launcher scripts must stay executable.
-            for info in z.infolist():
-                mode = (info.external_attr >> 16) & 0o777
-                if mode:
-                    os.chmod(unpacking / info.filename, mode)
-    else:
-        with tarfile.open(archive) as t:
-            t.extractall(unpacking, filter="tar")
+    try:
+        if archive.name.endswith(".zip"):
+            with zipfile.ZipFile(archive) as z:
+                z.extractall(unpacking)
+                # zipfile drops the modes; Trino's launcher scripts must stay executable.
+                for info in z.infolist():
+                    mode = (info.external_attr >> 16) & 0o777
+                    if mode:
+                        os.chmod(unpacking / info.filename, mode)
+        else:
+            with tarfile.open(archive) as t:
+                # Python 3.11.4 and later check members (Debian 12's 3.11.2 has no filter;
+                # the archives come from Maven Central, checked by their checksums).
+                safe = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}
+                t.extractall(unpacking, **safe)  # type: ignore[arg-type]
+    except (OSError, tarfile.TarError, zipfile.BadZipFile) as exc:
+        raise RuntimeError(
+            f"could not unpack {archive.name} ({exc}); if it is damaged, delete it from "
+            "~/.m2/repository and resolve again"
+        ) from None
     tops = list(unpacking.iterdir())
     (tops[0] if len(tops) == 1 and tops[0].is_dir() else unpacking).rename(target)
     shutil.rmtree(unpacking, ignore_errors=True)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.rig import engine_docs, maven
-from tests.rig.trino import Result, TrinoError, TrinoServer, write_properties
+from tests.rig.trino import Result, TrinoError, TrinoServer
 
 __all__ = ["PrestoError", "PrestoServer", "Result", "hive_catalog", "java_home", "s3_files"]
 
@@ -93,69 +93,37 @@ class PrestoServer(TrinoServer):
 
     NAME = "Presto"
     PARTS = "presto"
+    MAIN_CLASS = "com.facebook.presto.server.PrestoServer"
+    LOG_PACKAGE = "com.facebook.presto"
+    JVM_FLAGS = JVM_FLAGS
 
     def __init__(self, workdir: Path, catalogs: dict[str, dict[str, str]], **kwargs: Any) -> None:
         super().__init__(workdir, catalogs, **kwargs)
         self.log_path = workdir / "presto.log"
 
-    def _layout(self, parts: Path) -> None:
-        etc = self.workdir / "etc"
-        (etc / "catalog").mkdir(parents=True, exist_ok=True)
-        plugins = self.workdir / "plugin"
-        plugins.mkdir(exist_ok=True)
-        (self.workdir / "data").mkdir(exist_ok=True)
-        for connector in sorted({c["connector.name"] for c in self.catalogs.values()}):
-            self._plugin(parts, PLUGINS[connector], plugins / connector)
-        config = {
-            "coordinator": "true",
-            "node-scheduler.include-coordinator": "true",
-            "http-server.http.port": str(self.port),
+    def config(self, plugins: Path) -> dict[str, str]:
+        return super().config(plugins) | {
             "discovery-server.enabled": "true",
-            "discovery.uri": self.url,
-            "query.max-memory": self.query_memory,
-            "query.max-memory-per-node": self.query_memory,
             "query.max-total-memory-per-node": self.query_memory,
-            "plugin.dir": str(plugins),
-            "catalog.config-dir": str(etc / "catalog"),
-            "http-server.log.enabled": "false",
-            "task.concurrency": "2",
-            "task.max-worker-threads": "4",
-            **self.extra_config,
         }
-        write_properties(etc / "config.properties", config)
-        write_properties(etc / "log.properties", {"com.facebook.presto": "INFO"})
-        for name, properties in self.catalogs.items():
-            write_properties(etc / "catalog" / f"{name}.properties", properties)
 
-    @staticmethod
-    def _plugin(parts: Path, name: str, into: Path) -> None:
-        """The plugin ``name`` as a folder of links to its jars, its ASM jars the pom's newer
-        ones (see the module docstring)."""
-        if into.exists():
-            return
+    def _link_plugin(self, parts: Path, connector: str, into: Path) -> None:
+        """The plugin as a folder of links to its jars, its ASM jars the pom's newer ones (see
+        the module docstring)."""
         into.mkdir()
         newer = sorted((parts / "lib").glob("asm*.jar"))
-        for jar in sorted((parts / "presto-server" / "plugin" / name).iterdir()):
+        for jar in sorted((parts / "presto-server" / "plugin" / PLUGINS[connector]).iterdir()):
             if not jar.name.startswith("asm"):
                 (into / jar.name).symlink_to(jar)
         for jar in newer:
             (into / jar.name).symlink_to(jar)
 
-    def command(self, parts: Path) -> list[str]:
-        etc = self.workdir / "etc"
-        return [
-            str(java_home() / "bin" / "java"),
-            f"-Xmx{self.heap}",
-            *JVM_FLAGS,
-            *self.jvm_flags,
-            f"-Dconfig={etc / 'config.properties'}",
-            f"-Dlog.levels-file={etc / 'log.properties'}",
-            *(f"-D{k}={v}" for k, v in self.node_properties().items()),
-            "-cp",
-            # The pom's ASM first: the server's lib/ has an older one.
-            f"{parts / 'lib' / '*'}{os.pathsep}{parts / 'presto-server' / 'lib' / '*'}",
-            "com.facebook.presto.server.PrestoServer",
-        ]
+    def java(self) -> Path:
+        return java_home() / "bin" / "java"
+
+    def classpath(self, parts: Path) -> str:
+        # The pom's ASM first: the server's lib/ has an older one.
+        return f"{parts / 'lib' / '*'}{os.pathsep}{parts / 'presto-server' / 'lib' / '*'}"
 
     def _request(
         self, method: str, url: str, user: str, body: bytes | None = None, **headers: str

@@ -62,6 +62,7 @@ class ProxyProcess:
             if admin is not None:  # (it opens after the Thrift port)
                 wait_for_port(admin, 30, alive=alive)
         except Exception as exc:
+            self.stop()  # not left running by a caller that never got it back
             raise RuntimeError(f"proxy did not start: {exc}\n{self.log()}") from exc
         return self
 

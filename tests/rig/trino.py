@@ -118,6 +118,9 @@ class TrinoServer(Service):
 
     NAME = "Trino"
     PARTS = "trino"  # its pom under tests/rig/maven
+    MAIN_CLASS = "io.trino.server.TrinoServer"
+    LOG_PACKAGE = "io.trino"
+    JVM_FLAGS = JVM_FLAGS
 
     def __init__(
         self,
@@ -152,10 +155,17 @@ class TrinoServer(Service):
         plugins.mkdir(exist_ok=True)
         (self.workdir / "data").mkdir(exist_ok=True)
         for connector in sorted({c["connector.name"] for c in self.catalogs.values()}):
-            link = plugins / connector
-            if not link.exists():
-                link.symlink_to(parts / PLUGINS[connector], target_is_directory=True)
-        config = {
+            if not (plugins / connector).exists():
+                self._link_plugin(parts, connector, plugins / connector)
+        config = self.config(plugins) | self.extra_config
+        write_properties(etc / "config.properties", config)
+        write_properties(etc / "log.properties", {self.LOG_PACKAGE: "INFO"})
+        for name, properties in self.catalogs.items():
+            write_properties(etc / "catalog" / f"{name}.properties", properties)
+
+    def config(self, plugins: Path) -> dict[str, str]:
+        """config.properties, before the caller's ``config``."""
+        return {
             "coordinator": "true",
             "node-scheduler.include-coordinator": "true",
             "http-server.http.port": str(self.port),
@@ -163,17 +173,15 @@ class TrinoServer(Service):
             "query.max-memory": self.query_memory,
             "query.max-memory-per-node": self.query_memory,
             "plugin.dir": str(plugins),
-            "catalog.config-dir": str(etc / "catalog"),
+            "catalog.config-dir": str(self.workdir / "etc" / "catalog"),
             "http-server.log.enabled": "false",
             # Two cores: as many threads as there is work for.
             "task.concurrency": "2",
             "task.max-worker-threads": "4",
-            **self.extra_config,
         }
-        write_properties(etc / "config.properties", config)
-        write_properties(etc / "log.properties", {"io.trino": "INFO"})
-        for name, properties in self.catalogs.items():
-            write_properties(etc / "catalog" / f"{name}.properties", properties)
+
+    def _link_plugin(self, parts: Path, connector: str, into: Path) -> None:
+        into.symlink_to(parts / PLUGINS[connector], target_is_directory=True)
 
     def node_properties(self) -> dict[str, str]:
         return {
@@ -185,21 +193,26 @@ class TrinoServer(Service):
             "node.internal-address": "127.0.0.1",
         }
 
+    def java(self) -> Path:
+        return maven.java_home(JAVA) / "bin" / "java"
+
+    def classpath(self, parts: Path) -> str:
+        return str(parts / "trino-server-core" / "lib" / "*")
+
     def command(self, parts: Path) -> list[str]:
         etc = self.workdir / "etc"
-        java = maven.java_home(JAVA) / "bin" / "java"
         return [
-            str(java),
+            str(self.java()),
             f"-Xmx{self.heap}",
-            *JVM_FLAGS,
+            *self.JVM_FLAGS,
             *self.jvm_flags,
             f"-Dconfig={etc / 'config.properties'}",
             f"-Dlog.levels-file={etc / 'log.properties'}",
-            # node.properties, which bin/launcher hands Trino as system properties.
+            # node.properties, which bin/launcher hands the server as system properties.
             *(f"-D{k}={v}" for k, v in self.node_properties().items()),
             "-cp",
-            str(parts / "trino-server-core" / "lib" / "*"),
-            "io.trino.server.TrinoServer",
+            self.classpath(parts),
+            self.MAIN_CLASS,
         ]
 
     def start(self, timeout: float = 300) -> Self:
@@ -227,6 +240,7 @@ class TrinoServer(Service):
             if info is not None and info.get("starting") is False:
                 break
             if time.monotonic() > deadline:
+                self.stop()  # not left running by a caller that never got it back
                 raise RuntimeError(
                     f"{self.NAME} not started after {timeout:g} s:\n{self.log_tail()}"
                 )
@@ -356,6 +370,22 @@ class TrinoServer(Service):
         its splits."""
         summaries = self.query_info(query_id)["queryStats"]["operatorSummaries"]
         return sum(s["totalDrivers"] for s in summaries if s["operatorType"] in SCAN_OPERATORS)
+
+
+def results(server: TrinoServer, statements: list[str], catalog: str, schema: str) -> list[Any]:
+    """Each statement's text and what it gave: columns, rows and, for a query, the splits
+    its scans read (partition pruning shows there), with ``catalog`` and ``schema`` made
+    neutral, so runs of one sequence in different catalogs compare equal."""
+
+    def neutral(text: str) -> str:
+        return text.replace(catalog, "C").replace(schema, "S")
+
+    out: list[Any] = []
+    for sql in statements:
+        result = server.query(sql)
+        splits = server.scan_splits(result.query_id) if sql.startswith("SELECT") else None
+        out.append((neutral(sql), neutral(repr((result.columns, result.rows, splits)))))
+    return out
 
 
 def write_properties(path: Path, properties: dict[str, str]) -> None:

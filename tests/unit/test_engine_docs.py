@@ -15,6 +15,15 @@ from tests.rig.trino import hive_catalog, iceberg_catalog
 
 URI = "thrift://10.0.0.1:9999"
 
+# The snippets (section, index) the rig's engines are built from, and those no test builds an
+# engine from, with the reason; every snippet of docs/engines.md is one or the other.
+RUN = {("Trino", 0), ("Presto", 0), ("Spark", 0), ("Iceberg", 0)}
+NOT_RUN = {
+    ("Iceberg", 1): "no Iceberg runtime for Spark 4.3 on Maven Central",
+    ("Kerberos and SASL", 0): "Trino is not run with Kerberos here",
+    ("Kerberos and SASL", 1): "the Kerberized Spark tests build their conf in tests/rig/spark.py",
+}
+
 
 def versions_tested() -> dict[str, str]:
     """The table under "What the tests run": engine -> version."""
@@ -33,6 +42,16 @@ def pom_version(name: str, artifact: str) -> str:
     assert found is not None, f"{artifact} not in tests/rig/maven/{name}/pom.xml"
     version = found.group(1)
     return properties.get(version[2:-1], version) if version.startswith("${") else version
+
+
+def test_every_snippet_is_run_by_a_test_or_says_why_not() -> None:
+    sections = re.findall(r"^## (.+)$", engine_docs.DOC.read_text(), re.M)
+    found = {
+        (section, index)
+        for section in sections
+        for index in range(len(engine_docs.snippets(section)))
+    }
+    assert found == RUN | set(NOT_RUN), found ^ (RUN | set(NOT_RUN))
 
 
 def test_every_snippet_names_the_documented_uri() -> None:
