@@ -169,19 +169,27 @@ def run(trino: TrinoServer, s3: S3Server, catalog: str, schema: str) -> list[Any
     return results(trino, statements(catalog, schema), catalog, schema)
 
 
-@pytest.fixture(scope="module")
-def direct_results(trino: TrinoServer, s3: S3Server) -> list[Any]:
+def direct_run(trino: TrinoServer, s3: S3Server) -> list[Any]:
+    """The statements straight at the metastore (catalog ``hive_direct``), checked to be
+    worth comparing: the pruned scan read its partition's two files only, the statements
+    after ADD COLUMN, ANALYZE and RENAME see what they should, and all is dropped at the end."""
     results = run(trino, s3, "hive_direct", "seq_direct")
-    # What is compared is worth comparing: the pruned scan read its partition's two files
-    # only, and the statements after ADD COLUMN and RENAME see what they should.
     by_sql = dict(results)
     pruned = "SELECT id, name FROM C.S.events WHERE ds = '2024-01-01' ORDER BY id"
     assert by_sql[pruned] == repr((["id", "name"], [[1, "a"], [3, "c"]], 2))
-    assert "[5, 'e', 'new', '2024-01-02']" in by_sql["SELECT * FROM C.S.events ORDER BY id"]
-    assert by_sql["SELECT * FROM C.S.ext_renamed"] == repr((["id", "name"], [[7, "g"]], 1))
+    partitions = 'SELECT ds FROM C.S."events$partitions" ORDER BY ds'
+    assert "[['2024-01-01'], ['2024-01-02'], ['2024-01-03']]" in by_sql[partitions]
     # ANALYZE wrote statistics that Trino reads back (ids 1 to 4, 2 distinct per partition).
     assert "['id', None, 2.0, 0.0, None, '1', '4']" in by_sql["SHOW STATS FOR C.S.events"]
+    assert "[5, 'e', 'new', '2024-01-02']" in by_sql["SELECT * FROM C.S.events ORDER BY id"]
+    assert by_sql["SELECT * FROM C.S.ext_renamed"] == repr((["id", "name"], [[7, "g"]], 1))
+    assert by_sql["SHOW SCHEMAS FROM C LIKE 'S'"] == repr((["Schema"], [], None))
     return results
+
+
+@pytest.fixture(scope="module")
+def direct_results(trino: TrinoServer, s3: S3Server) -> list[Any]:
+    return direct_run(trino, s3)
 
 
 @pytest.mark.parametrize("catalog", ["hive_proxy", "hive_redis", "hive_cached"])

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import PATIENT
-from tests.e2e.test_trino import POLL, run, uri
+from tests.e2e.test_trino import POLL, direct_run, run, uri
 from tests.rig.hive_metastore import HiveMetastore
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
@@ -79,19 +79,7 @@ def trino(
 
 @pytest.fixture(scope="module")
 def direct_results(trino: TrinoServer, s3: S3Server) -> list[Any]:
-    results = run(trino, s3, "hive_direct", "seq_direct")
-    # What is compared is worth comparing (as in test_trino.py): the pruned scan read its
-    # partition's two files only; ADD COLUMN, ANALYZE and RENAME took effect on 4.0.1.
-    by_sql = dict(results)
-    pruned = "SELECT id, name FROM C.S.events WHERE ds = '2024-01-01' ORDER BY id"
-    assert by_sql[pruned] == repr((["id", "name"], [[1, "a"], [3, "c"]], 2))
-    partitions = 'SELECT ds FROM C.S."events$partitions" ORDER BY ds'
-    assert "[['2024-01-01'], ['2024-01-02'], ['2024-01-03']]" in by_sql[partitions]
-    assert "['id', None, 2.0, 0.0, None, '1', '4']" in by_sql["SHOW STATS FOR C.S.events"]
-    assert "[5, 'e', 'new', '2024-01-02']" in by_sql["SELECT * FROM C.S.events ORDER BY id"]
-    assert by_sql["SELECT * FROM C.S.ext_renamed"] == repr((["id", "name"], [[7, "g"]], 1))
-    assert by_sql["SHOW SCHEMAS FROM C LIKE 'S'"] == repr((["Schema"], [], None))
-    return results
+    return direct_run(trino, s3)  # ADD COLUMN, ANALYZE and RENAME take effect on 4.0.1 too
 
 
 def test_statements_give_through_the_proxy_what_they_give_directly_on_hive_4(

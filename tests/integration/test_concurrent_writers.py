@@ -8,7 +8,6 @@ within a poll or two, on Redis and on the embedded store.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections import Counter
 
@@ -22,6 +21,7 @@ from tests.rig.hms import MetastoreServer
 from tests.rig.redis_server import RedisServer
 from tests.rig.sample import Sample, client, storage_descriptor, table
 from tests.rig.waiting import eventually
+from tests.rig.workload import alter_together
 
 pytestmark = pytest.mark.hms
 
@@ -33,35 +33,11 @@ def get_table(db: str, name: str) -> bytes:
     return idl.encode_call("get_table", 1, dbname=db, tbl_name=name)
 
 
-def alter_together(hms: MetastoreServer, db: str, names: list[str], mark: str) -> list[str]:
-    """The tables whose alter_table was acknowledged. HMS 2.3 under this race sometimes
-    commits a write, fails to log it and answers "Event not set up correctly": no follower
-    can see such a write (the README says so); only acknowledged writes are judged."""
-    acknowledged: list[str] = []
-    clients = [client(hms.host, hms.port) for _ in names]
-    for c in clients:
-        c.open()
-    objects = [c.get_table(db, n) for c, n in zip(clients, names, strict=True)]
-    start = threading.Barrier(len(names))
-
-    def alter(i: int) -> None:
-        objects[i].parameters["round"] = mark
-        start.wait()
-        try:
-            clients[i].alter_table(db, names[i], objects[i])
-        except t.MetaException as exc:
-            assert "Event not set up correctly" in str(exc.message), exc
-        else:
-            acknowledged.append(names[i])
-
-    threads = [threading.Thread(target=alter, args=(i,)) for i in range(len(names))]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    for c in clients:
-        c.close()
-    return acknowledged
+def event_not_set_up(exc: BaseException) -> bool:
+    """HMS 2.3 under this race sometimes commits a write, fails to log it and answers "Event
+    not set up correctly": no follower can see such a write (the README says so); only
+    acknowledged writes are judged."""
+    return isinstance(exc, t.MetaException) and "Event not set up correctly" in str(exc.message)
 
 
 def shared_ids(hms: MetastoreServer, since: int) -> int:
@@ -76,7 +52,7 @@ def shared_ids(hms: MetastoreServer, since: int) -> int:
 def test_concurrent_writes_straight_at_the_metastore_are_all_seen(
     store: str,
     hms: MetastoreServer,
-    redis_server: RedisServer,
+    own_redis: RedisServer,
     proxy_factory: ProxyFactory,
     sample: Sample,  # the rig's objects exist (and the metastore is up)
 ) -> None:
@@ -90,13 +66,16 @@ def test_concurrent_writes_straight_at_the_metastore_are_all_seen(
         since = c.get_current_notificationEventId().eventId
     args = ["--notification-poll", "0.3", "--ttl-table", "600"]
     if store == "redis":
-        args += ["--redis", redis_server.url]
+        # A Redis of its own: a follower position left in a shared one by an earlier test
+        # is rightly taken for a gap at start (its ids may never have been logged).
+        args += ["--redis", own_redis.url]
     proxy = proxy_factory(*args)
     for round_ in range(ROUNDS):
         for _ in range(2):  # cached: the second read of each is a hit
             for n in names:
                 raw.call("127.0.0.1", proxy.port, get_table(db, n))
-        acknowledged = alter_together(hms, db, names, f"{round_}-{uuid.uuid4().hex}")
+        mark = f"{round_}-{uuid.uuid4().hex}"
+        acknowledged = alter_together(hms, db, names, mark, forgiven=event_not_set_up)
 
         def all_fresh(acknowledged: list[str] = acknowledged) -> bool:
             return all(

@@ -11,7 +11,6 @@ writer commits around it, and no acknowledged commit is lost.
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,6 +32,7 @@ from tests.rig.proxy_process import ProxyProcess
 from tests.rig.redis_server import RedisServer
 from tests.rig.sample import Sample, client, create, storage_descriptor, table
 from tests.rig.waiting import eventually
+from tests.rig.workload import alter_together
 
 pytestmark = [pytest.mark.hms, pytest.mark.maven]
 
@@ -298,36 +298,6 @@ def test_writes_straight_at_the_metastore_are_seen_within_a_poll(
 # -- (c) ten writers at once --------------------------------------------------------------------
 
 
-def alter_together(real: HiveMetastore, db: str, names: list[str], mark: str) -> list[str]:
-    acknowledged: list[str] = []
-    clients = [client(real.host, real.port) for _ in names]
-    for c in clients:
-        c.open()
-    objects = [get_table(real, c, db, n) for c, n in zip(clients, names, strict=True)]
-    start = threading.Barrier(len(names))
-    errors: list[BaseException] = []
-
-    def alter(i: int) -> None:
-        objects[i].parameters["round"] = mark
-        start.wait()
-        try:
-            clients[i].alter_table(db, names[i], objects[i])
-        except BaseException as exc:  # judged below: a real 3.1/4.0 acknowledges every one
-            errors.append(exc)
-        else:
-            acknowledged.append(names[i])
-
-    threads = [threading.Thread(target=alter, args=(i,)) for i in range(len(names))]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    for c in clients:
-        c.close()
-    assert errors == []
-    return acknowledged
-
-
 @pytest.mark.parametrize("store", ["redis", "embedded"])
 def test_ten_concurrent_alters_straight_at_the_metastore_are_all_seen(
     store: str,
@@ -352,7 +322,9 @@ def test_ten_concurrent_alters_straight_at_the_metastore_are_all_seen(
         for _ in range(2):
             for r in requests.values():
                 raw.call("127.0.0.1", proxy.port, r)
-        acknowledged = alter_together(real, db, names, f"{round_}-{uuid.uuid4().hex}")
+        mark = f"{round_}-{uuid.uuid4().hex}"
+        read = lambda c, db, name: get_table(real, c, db, name)  # noqa: E731 - 4.0.1: no get_table
+        acknowledged = alter_together(real, db, names, mark, read=read)
         assert sorted(acknowledged) == sorted(names)
 
         def all_fresh(requests: dict[str, bytes] = requests) -> bool:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from proxy import idl
 from proxy.wire.binary import MessageType
@@ -129,3 +131,45 @@ class Workload:
 
 def hits(proxy: ProxyProcess) -> float:
     return proxy.metric_sum("hmsproxy_cache_lookups_total", result="hit")
+
+
+def alter_together(
+    hms: MetastoreServer,
+    db: str,
+    names: list[str],
+    mark: str,
+    *,
+    read: Callable[[Any, str, str], Any] = lambda c, db, name: c.get_table(db, name),
+    forgiven: Callable[[BaseException], bool] = lambda exc: False,
+) -> list[str]:
+    """Each table's ``alter_table`` (its parameter ``round`` set to ``mark``) straight at the
+    metastore, on a client of its own, all released at once by a barrier; the tables whose
+    alter was acknowledged. An alter that fails fails the caller, unless ``forgiven``."""
+    acknowledged: list[str] = []
+    errors: list[BaseException] = []
+    clients = [client(hms.host, hms.port) for _ in names]
+    for c in clients:
+        c.open()
+    objects = [read(c, db, n) for c, n in zip(clients, names, strict=True)]
+    start = threading.Barrier(len(names))
+
+    def alter(i: int) -> None:
+        objects[i].parameters["round"] = mark
+        start.wait()
+        try:
+            clients[i].alter_table(db, names[i], objects[i])
+        except BaseException as exc:  # judged below, in the caller's thread
+            if not forgiven(exc):
+                errors.append(exc)
+        else:
+            acknowledged.append(names[i])
+
+    threads = [threading.Thread(target=alter, args=(i,)) for i in range(len(names))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for c in clients:
+        c.close()
+    assert errors == [], errors
+    return acknowledged
