@@ -272,11 +272,11 @@ def test_writes_straight_at_the_metastore_are_seen_within_a_poll(
     store: str,
     real: HiveMetastore,
     real_sample: Sample,
-    redis_server: RedisServer,
+    own_redis: RedisServer,
     proxies: Callable[..., ProxyProcess],
 ) -> None:
     args = ["--notification-poll", POLL, "--ttl-table", "600", "--ttl-partitions", "600"]
-    proxy = proxies(*args, *(("--redis", redis_server.url) if store == "redis" else ()))
+    proxy = proxies(*args, *(("--redis", own_redis.url) if store == "redis" else ()))
     for write in bypass_writes(real, real_sample):
         for _ in range(2):
             for _, request in table_reads(real_sample):
@@ -303,7 +303,7 @@ def test_ten_concurrent_alters_straight_at_the_metastore_are_all_seen(
     store: str,
     real: HiveMetastore,
     real_sample: Sample,
-    redis_server: RedisServer,
+    own_redis: RedisServer,
     proxies: Callable[..., ProxyProcess],
 ) -> None:
     db = f"concurrent_{uuid.uuid4().hex[:8]}"
@@ -316,7 +316,7 @@ def test_ten_concurrent_alters_straight_at_the_metastore_are_all_seen(
             )
         since = c.get_current_notificationEventId().eventId
     args = ["--notification-poll", POLL, "--ttl-table", "600"]
-    proxy = proxies(*args, *(("--redis", redis_server.url) if store == "redis" else ()))
+    proxy = proxies(*args, *(("--redis", own_redis.url) if store == "redis" else ()))
     for round_ in range(4):
         requests = {n: idl.encode_call("get_table", 1, dbname=db, tbl_name=n) for n in names}
         for _ in range(2):
