@@ -7,10 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.rig.s3_server import S3Server
-
-# The bucket every engine test's tables live in.
-BUCKET = "engines"
+from tests.rig.s3_server import BUCKET, S3Server
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ INSERT, SHOW PARTITIONS and a SELECT with a partition predicate must give the sa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -16,17 +15,10 @@ from proxy import idl
 from tests.rig import raw, spark
 from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
+from tests.rig.spark import run_job
 from tests.rig.waiting import wait_for_follower
 
 pytestmark = pytest.mark.hms
-
-
-def run_job(uri: str, warehouse: Path, db: str) -> dict[str, object]:
-    with spark.running("spark_job", uri, warehouse.as_uri(), db) as job:
-        out = spark.finish(job)
-    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    assert lines, out[-4000:]
-    return dict(json.loads(lines[-1][len("RESULT ") :]))
 
 
 @pytest.mark.spark

@@ -22,11 +22,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import PATIENT
-from tests.e2e.test_trino import POLL, direct_run, run, uri
 from tests.rig.hive_metastore import HiveMetastore
-from tests.rig.proxy_process import ProxyProcess
+from tests.rig.proxy_process import ProxyProcess, uri
 from tests.rig.s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
-from tests.rig.trino import TrinoServer, hive_catalog, s3_files
+from tests.rig.trino import POLL, TrinoServer, direct_run, hive_catalog, run, s3_files
 
 pytestmark = [pytest.mark.hms, pytest.mark.maven, pytest.mark.trino]
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from proxy import idl
 from proxy.admin._gen import admin_pb2 as pb
@@ -18,25 +17,16 @@ from tests.conftest import ProxyFactory
 from tests.rig import raw
 from tests.rig.hms import MetastoreServer
 from tests.rig.ports import free_port
-from tests.rig.proxy_process import REPO, ProxyProcess
+from tests.rig.proxy_process import NOT_SERVING, REPO, SERVING, ProxyProcess, health, upstream_calls
 from tests.rig.redis_server import RedisServer
 from tests.rig.sample import Sample, client, create
 from tests.rig.waiting import eventually
 
-from .test_cache import upstream_calls
-
 M = idl.module()
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def admin(proxy: ProxyProcess) -> pb_grpc.AdminStub:
     return pb_grpc.AdminStub(grpc.insecure_channel(f"127.0.0.1:{proxy.admin_port}"))
-
-
-def health(proxy: ProxyProcess, service: str) -> int:
-    stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"127.0.0.1:{proxy.admin_port}"))
-    return int(stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status)
 
 
 def cli(proxy: ProxyProcess, *args: str) -> subprocess.CompletedProcess[str]:

@@ -13,30 +13,20 @@ import threading
 import time
 
 import pytest
-from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.Thrift import TApplicationException
-from thrift.transport.TTransport import TMemoryBuffer
 
 from proxy import idl
 from proxy.wire.binary import MessageType, encode_header
 from tests.conftest import ProxyFactory
 from tests.rig import raw
 from tests.rig.proxy_process import ProxyProcess
+from tests.rig.raw import _application_exception
 from tests.rig.sample import Sample
 from tests.rig.waiting import eventually
 
 pytestmark = pytest.mark.hms
 
 MiB = 1 << 20
-
-
-def _application_exception(reply: bytes) -> TApplicationException:
-    proto = TBinaryProtocol(TMemoryBuffer(reply))
-    _, mtype, _ = proto.readMessageBegin()
-    assert mtype == MessageType.EXCEPTION
-    exc = TApplicationException()
-    exc.read(proto)
-    return exc
 
 
 def _good_call(proxy: ProxyProcess, sample: Sample) -> None:

@@ -13,14 +13,12 @@ import pytest
 from proxy.wire.binary import MessageType, encode_header
 from tests.conftest import ProxyFactory
 from tests.rig import calls, raw
+from tests.rig.calls import VOLATILE
 from tests.rig.hms import MetastoreServer
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.sample import Sample
 
 pytestmark = pytest.mark.hms
-
-# Replies that legitimately differ between two calls made a moment apart.
-VOLATILE = {"getCounters", "getStatusDetails"}
 
 
 @pytest.fixture(scope="module")

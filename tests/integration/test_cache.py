@@ -14,7 +14,7 @@ from proxy import idl
 from tests.conftest import ProxyFactory
 from tests.rig import raw
 from tests.rig.hms import MetastoreServer
-from tests.rig.proxy_process import ProxyProcess
+from tests.rig.proxy_process import ProxyProcess, upstream_calls
 from tests.rig.redis_server import RedisServer
 from tests.rig.sample import Sample, client
 from tests.rig.waiting import eventually
@@ -23,19 +23,6 @@ from tests.rig.workload import Workload, hits
 pytestmark = pytest.mark.hms
 
 M = idl.module()
-
-
-# Calls the proxy makes on its own account (notification polls, readiness probes).
-OWN_CALLS = {"get_current_notificationEventId", "get_next_notification", "getStatus"}
-
-
-def upstream_calls(proxy: ProxyProcess) -> float:
-    """Calls the proxy sent to the HMS for its clients."""
-    return sum(
-        v
-        for (name, labels), v in proxy.metrics().items()
-        if name == "hmsproxy_upstream_requests_total" and dict(labels)["method"] not in OWN_CALLS
-    )
 
 
 def trino_select(sample: Sample, seqid: int) -> list[bytes]:

@@ -21,11 +21,10 @@ from tests.rig import raw
 from tests.rig.faults import FaultyRelay
 from tests.rig.hms import MetastoreServer
 from tests.rig.ports import free_port
-from tests.rig.proxy_process import ProxyProcess
+from tests.rig.proxy_process import NOT_SERVING, SERVING, ProxyProcess, health
+from tests.rig.raw import _application_exception
 from tests.rig.sample import Sample, create_slow_table
 from tests.rig.waiting import eventually, wait_for_slow_call
-
-from .test_bad_input import _application_exception
 
 pytestmark = pytest.mark.hms
 
@@ -310,8 +309,6 @@ def test_a_metastore_that_stops_answering_is_noticed_promptly(
 ) -> None:
     """Accepting connections and answering nothing: readiness goes to not ready within the
     probe's own short bound, however long calls may wait."""
-    from tests.integration.test_admin import NOT_SERVING, SERVING, health
-
     proxy = proxy_factory(upstream=f"thrift://127.0.0.1:{relay.port}")
     eventually(lambda: health(proxy, "readiness") == SERVING, 20)
     relay.blackhole = True

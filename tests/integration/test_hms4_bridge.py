@@ -25,19 +25,13 @@ from proxy import idl
 from tests.conftest import ProxyFactory
 from tests.rig import raw
 from tests.rig.hms import MetastoreServer
-from tests.rig.hms4 import Hms401
+from tests.rig.hms4 import REFUSAL_7, Hms401
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.sample import Sample, client
 
 pytestmark = pytest.mark.hms
 
 M = idl.module()
-# HMS 4.0.1's answer to get_table with seqid 7, as hms-versions.md gives it.
-REFUSAL_7 = (
-    b"\x80\x01\x00\x03\x00\x00\x00\x09get_table\x00\x00\x00\x07"
-    b"\x0b\x00\x01\x00\x00\x00\x20Invalid method name: 'get_table'"
-    b"\x08\x00\x02\x00\x00\x00\x01\x00"
-)
 
 
 def result(method: str, reply: bytes) -> object:

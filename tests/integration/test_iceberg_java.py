@@ -9,7 +9,7 @@ test_iceberg.py, keeps one connection per commit). Here Java writers through the
 writer straight at the metastore and a pyiceberg writer (or Trino 476's INSERTs) through the
 proxy all append to one table at once, each append a file of known rows. The proxy serves
 Iceberg tables from its cache, without the notification log, and leaves out the metastore's
-own check (test_iceberg.FENCE_ONLY), so its fence alone keeps the commits safe. Every
+own check (FENCE_ONLY, tests/rig/iceberg_java.py), so its fence alone keeps the commits safe. Every
 acknowledged commit must be in the final table read straight from the metastore: its snapshot
 in the main branch's history and the snapshot log, its rows in a scan, nothing else there; the
 conflicts are retried by Iceberg, not lost. The sibling with the fence off too loses commits.
@@ -35,9 +35,9 @@ from pyiceberg.catalog.hive import HiveCatalog
 from pyiceberg.exceptions import CommitFailedException
 
 from tests.conftest import PATIENT, ProxyFactory
-from tests.integration.test_iceberg import FENCE_ONLY, SCHEMA, catalog, through
 from tests.rig import iceberg_java
 from tests.rig.hms import MetastoreServer
+from tests.rig.iceberg_java import FENCE_ONLY, SCHEMA, catalog, through
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.redis_server import RedisServer
 from tests.rig.trino import TrinoError, TrinoServer, iceberg_catalog

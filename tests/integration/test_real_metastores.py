@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 from hmsclient.genthrift.hive_metastore import ttypes as t
@@ -23,11 +22,10 @@ from thrift.Thrift import TApplicationException, TType
 
 from proxy import idl
 from proxy.wire.binary import MessageType, encode_header
-from tests.conftest import PATIENT
-from tests.integration.test_byte_identity import VOLATILE
-from tests.integration.test_hms4_bridge import REFUSAL_7
 from tests.rig import calls, raw
-from tests.rig.hive_metastore import VERSIONS, HiveMetastore
+from tests.rig.calls import VOLATILE
+from tests.rig.hive_metastore import HiveMetastore, removed
+from tests.rig.hms4 import REFUSAL_7
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.redis_server import RedisServer
 from tests.rig.sample import Sample, client, create, storage_descriptor, table
@@ -36,41 +34,12 @@ from tests.rig.workload import alter_together
 
 pytestmark = [pytest.mark.hms, pytest.mark.maven]
 
-REMOVED_IN_401 = ("get_table", "get_table_objects_by_name")
 POLL = "0.3"
-
-
-@pytest.fixture(scope="module", params=VERSIONS)
-def real(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[HiveMetastore]:
-    """One real metastore per version for the module; a lock not heartbeated dies after 5 s."""
-    version = str(request.param)
-    with HiveMetastore(version, tmp_path_factory.mktemp(f"hive-{version}"), txn_timeout=5) as m:
-        yield m
 
 
 @pytest.fixture(scope="module")
 def real_sample(real: HiveMetastore) -> Sample:
     return create(real.host, real.port, real.warehouse.as_uri())
-
-
-@pytest.fixture
-def proxies(tmp_path: Path, real: HiveMetastore) -> Iterator[Callable[..., ProxyProcess]]:
-    started: list[ProxyProcess] = []
-
-    def make(*args: str) -> ProxyProcess:
-        proc = ProxyProcess(tmp_path, real.uri, *PATIENT, *args).start()
-        started.append(proc)
-        return proc
-
-    yield make
-    for proc in started:
-        proc.stop()
-
-
-def removed(real: HiveMetastore, method: str) -> bool:
-    return real.version >= "4.0.1" and method in REMOVED_IN_401
 
 
 # -- the bridge's expected bytes, cut from the real metastore's own _req replies ------------------

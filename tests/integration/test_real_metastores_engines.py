@@ -26,9 +26,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tests.e2e.test_spark import run_job
-from tests.integration import test_real_metastores as base
-from tests.integration.test_iceberg import (
+from tests.rig.hive_metastore import HiveMetastore, removed
+from tests.rig.iceberg_java import (
     CONCURRENT,
     FENCE_ONLY,
     ROUNDS,
@@ -40,14 +39,11 @@ from tests.integration.test_iceberg import (
     tags,
     through,
 )
-from tests.rig.hive_metastore import HiveMetastore
 from tests.rig.proxy_process import ProxyProcess
 from tests.rig.redis_server import RedisServer
+from tests.rig.spark import run_job
 
 pytestmark = [pytest.mark.hms, pytest.mark.maven]
-
-# The metastores (one per version for this module) and the proxies in front of them.
-real, proxies, removed = base.real, base.proxies, base.removed
 
 
 def around(real: HiveMetastore, proxies: Callable[..., ProxyProcess]) -> str:

@@ -13,6 +13,9 @@ from proxy.catalog import Kind
 from proxy.wire.binary import MessageType, encode_header
 from tests.rig.sample import Sample
 
+# Replies that legitimately differ between two calls made a moment apart.
+VOLATILE = {"getCounters", "getStatusDetails"}
+
 DB_FIELDS = {
     "db_name",
     "dbname",

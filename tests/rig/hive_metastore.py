@@ -276,3 +276,10 @@ class HiveMetastore(MetastoreServer):
         started = time.monotonic()
         super().start(timeout)
         self.started_in = time.monotonic() - started
+
+
+REMOVED_IN_401 = ("get_table", "get_table_objects_by_name")
+
+
+def removed(real: HiveMetastore, method: str) -> bool:
+    return real.version >= "4.0.1" and method in REMOVED_IN_401

@@ -64,6 +64,14 @@ def refusal(name: str, seqid: int) -> bytes:
     )
 
 
+# HMS 4.0.1's answer to get_table with seqid 7, as hms-versions.md gives it.
+REFUSAL_7 = (
+    b"\x80\x01\x00\x03\x00\x00\x00\x09get_table\x00\x00\x00\x07"
+    b"\x0b\x00\x01\x00\x00\x00\x20Invalid method name: 'get_table'"
+    b"\x08\x00\x02\x00\x00\x00\x01\x00"
+)
+
+
 class Hms401:
     """A relay on a free port that answers like HMS 4.0.1 (see module doc)."""
 

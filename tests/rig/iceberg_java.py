@@ -5,19 +5,33 @@ The program runs on Iceberg's jars from Maven (tests/rig/maven/iceberg, resolved
 2.3.10 metastore client and Hadoop. It is compiled once per content of its source and of the pom
 into ``.rig/iceberg-classes-<digest>``, as :func:`tests.rig.java.compiled_helpers` does for the
 rig's other Java helpers.
+
+Below it, pyiceberg's side of the commit tests (tests/integration/test_iceberg.py and the tests
+that run it beside Java Iceberg or against the real 3.1.3 and 4.0.1 metastores): its Hive
+catalog straight at a metastore or through a proxy, a table to append to, and the two ways
+its writers commit around another writer (in the window, and at once in threads).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import selectors
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
+from pyiceberg.catalog.hive import HiveCatalog
+from pyiceberg.exceptions import CommitFailedException
+
 from tests.rig import java, machine, maven
+from tests.rig.proxy_process import ProxyProcess
 
 SOURCES = Path(__file__).resolve().parent / "iceberg_java"
 POM = maven.POMS / "iceberg" / "pom.xml"
@@ -171,3 +185,72 @@ class Writer:
     def _stderr(self) -> str:
         text = self.stderr_path.read_text(errors="replace")
         return text[-4000:]
+
+
+# -- pyiceberg's side ------------------------------------------------------------------------------
+
+ROUNDS = 3  # commits in the window, each way
+CONCURRENT = 3  # commits per writer thread
+SCHEMA = pa.schema([pa.field("tag", pa.string())])
+# Fences alone (the metastore's own check off), so that these tests show the fence works.
+FENCE_ONLY = ("--cache-iceberg-tables", "on", "--iceberg-expected-location", "off")
+_names = itertools.count()
+
+
+def catalog(uri: str, warehouse: Path, **properties: str) -> HiveCatalog:
+    return HiveCatalog(
+        "test", uri=uri, warehouse=warehouse.as_uri(), **{"lock-check-retries": "12", **properties}
+    )
+
+
+def through(proxy: ProxyProcess, warehouse: Path, **properties: str) -> HiveCatalog:
+    return catalog(f"thrift://127.0.0.1:{proxy.port}", warehouse, **properties)
+
+
+def new_table(direct: HiveCatalog) -> str:
+    namespace = f"ice_{next(_names)}_{int(time.time() * 1000) % 100000}"
+    direct.create_namespace(namespace)
+    direct.create_table(f"{namespace}.events", schema=SCHEMA)
+    return f"{namespace}.events"
+
+
+def append(cat: HiveCatalog, ident: str, tag: str, acked: list[str]) -> None:
+    cat.load_table(ident).append(pa.table({"tag": [tag]}, schema=SCHEMA))
+    acked.append(tag)  # the commit returned: it is acknowledged
+
+
+def tags(direct: HiveCatalog, ident: str) -> list[str]:
+    return sorted(direct.load_table(ident).scan().to_arrow()["tag"].to_pylist())
+
+
+def in_the_window(direct: HiveCatalog, via: HiveCatalog, ident: str, acked: list[str]) -> None:
+    """The proxy's writer builds on a table object it loaded (and the cache keeps) before the
+    direct writer commits; then it commits."""
+    for i in range(ROUNDS):
+        stale = via.load_table(ident)
+        append(direct, ident, f"direct-{i}", acked)
+        stale.append(pa.table({"tag": [f"proxy-{i}"]}, schema=SCHEMA))
+        acked.append(f"proxy-{i}")
+
+
+def at_once(
+    writers: list[tuple[str, Callable[[], HiveCatalog]]], ident: str, acked: list[str]
+) -> int:
+    """Writers committing back to back in threads; returns the commits that gave up (a
+    commit that failed is not acknowledged, so it is not expected in the table)."""
+    failed: list[str] = []
+
+    def run(tag: str, make: Callable[[], HiveCatalog]) -> None:
+        cat = make()
+        for i in range(CONCURRENT):
+            try:
+                append(cat, ident, f"{tag}-{i}", acked)
+            except CommitFailedException:
+                failed.append(f"{tag}-{i}")
+
+    threads = [threading.Thread(target=run, args=w) for w in writers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return len(failed)

@@ -10,6 +10,8 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.rig.ports import free_ports, wait_for_port
@@ -149,3 +151,29 @@ def kerberos_options(
             f"{service}/_HOST@{realm.name}",
         ]
     return options
+
+
+# Calls the proxy makes on its own account (notification polls, readiness probes).
+OWN_CALLS = {"get_current_notificationEventId", "get_next_notification", "getStatus"}
+
+
+def upstream_calls(proxy: ProxyProcess) -> float:
+    """Calls the proxy sent to the HMS for its clients."""
+    return sum(
+        v
+        for (name, labels), v in proxy.metrics().items()
+        if name == "hmsproxy_upstream_requests_total" and dict(labels)["method"] not in OWN_CALLS
+    )
+
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def health(proxy: ProxyProcess, service: str) -> int:
+    stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"127.0.0.1:{proxy.admin_port}"))
+    return int(stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status)
+
+
+def uri(proxy: ProxyProcess) -> str:
+    return f"thrift://127.0.0.1:{proxy.port}"

@@ -12,8 +12,8 @@ import ssl
 import struct
 
 from thrift.protocol.TBinaryProtocol import TBinaryProtocol
-from thrift.Thrift import TType
-from thrift.transport.TTransport import TTransportBase
+from thrift.Thrift import TApplicationException, TType
+from thrift.transport.TTransport import TMemoryBuffer, TTransportBase
 
 
 class _RecordingSocket(TTransportBase):
@@ -182,3 +182,14 @@ def same_result(method: str, a: bytes, b: bytes) -> bool:
     from proxy import idl
 
     return bool(idl.decode_result(method, a[cut:]) == idl.decode_result(method, b[cut:]))
+
+
+def _application_exception(reply: bytes) -> TApplicationException:
+    from proxy.wire.binary import MessageType
+
+    proto = TBinaryProtocol(TMemoryBuffer(reply))
+    _, mtype, _ = proto.readMessageBegin()
+    assert mtype == MessageType.EXCEPTION
+    exc = TApplicationException()
+    exc.read(proto)
+    return exc

@@ -15,6 +15,8 @@ from tests.rig.service import Service
 ACCESS_KEY = "test"
 SECRET_KEY = "test"
 REGION = "us-east-1"
+# The bucket every engine test's tables live in (tests/e2e).
+BUCKET = "engines"
 
 
 class S3Server(Service):

@@ -16,6 +16,7 @@ the Spark conf.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -142,3 +143,11 @@ def finish(job: subprocess.Popen[str], timeout: float = 600) -> str:
     out, err = job.communicate(timeout=timeout)
     assert job.returncode == 0, err[-4000:]
     return out
+
+
+def run_job(uri: str, warehouse: Path, db: str) -> dict[str, object]:
+    with running("spark_job", uri, warehouse.as_uri(), db) as job:
+        out = finish(job)
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert lines, out[-4000:]
+    return dict(json.loads(lines[-1][len("RESULT ") :]))

@@ -22,7 +22,6 @@ from proxy.metrics import Metrics
 from proxy.upstream import UpstreamPool
 from proxy.wire.framing import Message, MessageReader, Transport
 from tests.unit.scripted_hms import ScriptedHMS, split_messages
-from tests.unit.test_cache_core import NAMING, PLANNER
 
 
 class Client:
@@ -124,6 +123,9 @@ async def rig(
     ``values`` are options (``upstream_max_connections=1``); ``removed``: methods the
     metastore answers ``UNKNOWN_METHOD`` (HMS 4.0.1's ``get_table``); ``per_user``: a
     cache kept per user (``--cache-per-user``)."""
+    # (Imported here, not at the top: tests.unit.helpers imports this module.)
+    from tests.unit.helpers import NAMING, PLANNER
+
     opts = options(**values)
     metrics = Metrics()
     hms = ScriptedHMS(framed=opts.upstream_transport is Transport.FRAMED, removed=removed)

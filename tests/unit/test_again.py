@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
@@ -14,7 +13,6 @@ from typing import Any, cast
 import pytest
 
 from proxy import idl
-from proxy.cache import locks
 from proxy.cache.keys import Bump, TableRef
 from proxy.cache.ready import Ready
 from proxy.config import HostPort
@@ -27,22 +25,28 @@ from proxy.status import Activity
 from proxy.wire.binary import REPEAT_BYTES
 from proxy.wire.framing import Transport, call_without_seqid, whole_message
 from tests.rig.raw import seqid_of
-from tests.unit.inprocess import Rig, rig
-from tests.unit.test_flight import serving
-from tests.unit.test_http import _get
-from tests.unit.test_server_shortcut import (
+from tests.unit.helpers import (
     DB,
     AnsweredAgain,
     Client,
     Counted,
     LookedUp,
     T,
+    _counted,
+    _flush,
+    _get,
+    _lock,
+    _pending,
+    _until,
+    _untrusted,
     call_once,
     connect,
     get_table,
     listening,
+    serving,
 )
-from tests.unit.test_server_shortcut import answer_of as answer
+from tests.unit.helpers import answer_of as answer
+from tests.unit.inprocess import Rig, rig
 
 
 @contextlib.asynccontextmanager
@@ -200,17 +204,6 @@ async def _bump(r: Rig) -> None:
     await r.store.bump([Bump(key, "table", "table")])
 
 
-async def _lock(r: Rig, field: str = "table") -> None:
-    """An exclusive lock on the table, fencing its versions' ``field``."""
-    assert r.cache is not None
-    key = r.cache.naming.versions(TableRef.of(DB, T).tag)
-    await r.store.mark([(key, locks.LOCK_PREFIX + "x:" + field)], time.time() + 60)
-
-
-async def _flush(r: Rig) -> None:
-    await r.store.flush()
-
-
 async def _evicted(r: Rig) -> None:
     assert r.cache is not None
     r.cache.l1.clear()  # its in-process copy gone (evicted, replaced: the same retirement)
@@ -218,21 +211,6 @@ async def _evicted(r: Rig) -> None:
 
 async def _expired(r: Rig) -> None:
     the_ready(r).deadline = time.monotonic()
-
-
-async def _untrusted(r: Rig) -> None:
-    r.store.standing.until = -math.inf  # (a shared store's invalidation stream lagging)
-
-
-async def _pending(r: Rig) -> None:
-    assert r.cache is not None
-    invalidations = r.cache.invalidations
-    invalidations.pending.append((None, None))  # type: ignore[arg-type]
-
-    async def not_settled() -> bool:  # the store not taking it yet: the cache bypassed
-        return False
-
-    invalidations.settled = not_settled  # type: ignore[method-assign]
 
 
 CHANGES: dict[str, Callable[[Rig], Awaitable[None]]] = {
@@ -499,28 +477,6 @@ def _bytes_held(again: Any) -> int:
     values = [getattr(again, name) for name in type(again).__slots__]
     values += [ready.reply, *(ready.answer or ())]
     return sum(len(v) for v in values if isinstance(v, bytes | memoryview))
-
-
-def _counted(r: Rig) -> tuple[float, float, float]:
-    """get_table's ok replies, hits and cached durations as the registry holds them now,
-    nothing settled first (what a scrape that did not settle would show)."""
-    get = r.metrics.registry.get_sample_value
-    cached = {"method": "get_table", "source": "cache"}
-    return (
-        get("hmsproxy_requests_total", {"method": "get_table", "outcome": "ok"}) or 0,
-        get("hmsproxy_cache_lookups_total", {"method": "get_table", "result": "hit"}) or 0,
-        get("hmsproxy_request_duration_seconds_count", cached) or 0,
-    )
-
-
-async def _until(done: Callable[[], bool]) -> None:
-    """Wait (up to 5 s) for ``done``, then assert it: what a session counts after its
-    reply went out, or once its connection closed, is counted when its task next runs."""
-    for _ in range(500):
-        if done():
-            break
-        await asyncio.sleep(0.01)
-    assert done()
 
 
 def test_answers_again_are_counted_together_and_all_of_them_by_a_scrape() -> None:

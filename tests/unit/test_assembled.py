@@ -22,11 +22,9 @@ from proxy.cache.store import MemoryStore
 from proxy.handler import SessionState
 from proxy.handler.session import ClientGone
 from proxy.wire.framing import Transport, whole_message
-from tests.unit.inprocess import Client, Rig, message, rig
+from tests.unit.helpers import DAYS, DB, Asked, T, _flush, _lock, _pending, _untrusted, by_names
+from tests.unit.inprocess import Rig, message, rig
 from tests.unit.scripted_hms import partition
-from tests.unit.test_again import _flush, _lock, _pending, _untrusted
-
-DB, T = "db", "t"
 
 
 @pytest.fixture(autouse=True, params=["c", "python"])
@@ -38,50 +36,12 @@ def twin(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     return str(request.param)
 
 
-DAYS = [f"d{i:02d}" for i in range(30)]
-
-
-def by_names(seqid: int, *days: str, names: list[str] | None = None) -> bytes:
-    names = names if names is not None else [f"ds={d}" for d in days]
-    return idl.encode_call("get_partitions_by_names", seqid, db_name=DB, tbl_name=T, names=names)
-
-
 def hms_answer(r: Rig, request: bytes) -> bytes:
     m = message(request)
     args = idl.decode_args("get_partitions_by_names", m.body)
     return r.hms.answer(
         "get_partitions_by_names", m.header.seqid, db_name=DB, tbl_name=T, names=args.names
     )
-
-
-class Asked:
-    """Asks a request at once (the listener's shortcut) and, if not answered so, the
-    ordinary way; tells which way answered, and whether by assembly without a plan."""
-
-    def __init__(self, r: Rig, session: SessionState | None = None) -> None:
-        self.r = r
-        self.session = session or SessionState("shared")
-        self.assembled = 0  # answered at once, unplanned
-        assert r.cache is not None
-        original = r.cache.assembled_now
-
-        def counted(*args: Any) -> bytes | None:
-            reply = original(*args)
-            self.assembled += reply is not None
-            return reply
-
-        r.cache.assembled_now = counted  # type: ignore[method-assign]
-
-    async def __call__(self, request: bytes) -> tuple[bytes, str]:
-        found = whole_message(request, Transport.BUFFERED, 1 << 20)
-        assert found is not None
-        out: list[bytes] = []
-        before = self.assembled
-        if self.r.handler.serve_hit_now(self.session, found, out.append):
-            return out[0], "assembled" if self.assembled > before else "at once"
-        client = Client()
-        await self.r.handler.handle(self.session, message(request), client)
-        return client.reply(), "ordinary"
 
 
 async def judged(ask: Asked) -> None:

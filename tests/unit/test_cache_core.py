@@ -17,7 +17,6 @@ from proxy.cache import partitions as parts
 from proxy.cache.keys import (
     EPOCH,
     DatabaseRef,
-    Naming,
     PartitionNameError,
     TableRef,
     parse_partition_name,
@@ -27,36 +26,13 @@ from proxy.cache.keys import (
 from proxy.cache.partition_reads import PartitionReads
 from proxy.cache.planner import Planner, Ttls
 from tests.rig.sample import storage_descriptor
+from tests.unit.helpers import NAMING, PLANNER, args, bumped, read_plan, write_plan
 
 M = idl.module()
-NAMING = Naming()
-PLANNER = Planner(NAMING, Ttls(), per_user=False)
-
-
-def args(method: str, **values: Any) -> tuple[Any, bytes]:
-    obj = idl.args_class(method)(**values)
-    return obj, idl.encode(obj)
-
-
-def read_plan(method: str, **values: Any):  # type: ignore[no-untyped-def]
-    obj, raw = args(method, **values)
-    spec = catalog.lookup(method)
-    assert spec is not None
-    return PLANNER.read(spec, obj, raw, None)
-
-
-def write_plan(method: str, **values: Any):  # type: ignore[no-untyped-def]
-    spec = catalog.lookup(method)
-    assert spec is not None
-    return PLANNER.write(spec, idl.args_class(method)(**values))
 
 
 def fields_of(plan: Any) -> set[tuple[str, str]]:
     return {(ref.key, ref.field) for ref in plan.refs}
-
-
-def bumped(plan: Any) -> set[tuple[str, str]]:
-    return {(b.key, b.field) for b in plan.bumps}
 
 
 T = TableRef.of("db", "t")

@@ -8,72 +8,31 @@ from typing import Any
 
 from proxy import idl
 from proxy.cache.decide import storable
-from proxy.cache.engine import CacheEngine, Result
+from proxy.cache.engine import Result
 from proxy.cache.plan import Bump
 from proxy.cache.store import CacheUnavailable, MemoryStore
-from proxy.metrics import Metrics
 from proxy.retry import Backoff
-from proxy.wire.binary import MessageType, encode_header, parse_header
+from proxy.wire.binary import parse_header
 from proxy.wire.framing import Message
+from tests.unit.helpers import (
+    GET_TABLE,
+    TABLE,
+    FlakyStore,
+    engine,
+    fill,
+    read_plan,
+    reply,
+    write_plan,
+)
 from tests.unit.scripted_hms import until
-from tests.unit.test_cache_core import PLANNER, read_plan, write_plan
 
 M = idl.module()
 
 
-class FlakyStore(MemoryStore):
-    """The embedded store, with an outage switch (what a Redis outage looks like)."""
-
-    def __init__(self) -> None:
-        super().__init__(1 << 20)
-        self.down = False
-
-    def _check(self) -> None:
-        if self.down:
-            raise CacheUnavailable("down")
-
-    async def lookup(self, versions: Any, entries: Sequence[str], *, fresh: bool = False) -> Any:
-        self._check()
-        return await super().lookup(versions, entries, fresh=fresh)
-
-    async def bump(self, bumps: Sequence[Bump]) -> None:
-        self._check()
-        await super().bump(bumps)
-
-    async def save(self, entries: Any, touch: Sequence[str]) -> None:
-        self._check()
-        await super().save(entries, touch)
-
-
-def engine(store: MemoryStore | None = None) -> CacheEngine:
-    store = store if store is not None else MemoryStore(1 << 20)
-    return CacheEngine(store, PLANNER, Metrics(), l1_bytes=1 << 20, max_entry_bytes=1 << 20)
-
-
-def reply(method: str, result: Any, seqid: int = 1) -> Message:
-    data = encode_header(method, MessageType.REPLY, seqid) + idl.encode(result)
-    header = parse_header(data, 0, len(data))
-    assert header is not None
-    return Message(header, data)
-
-
-TABLE = reply(
-    "get_table", idl.result_class("get_table")(success=M.Table(tableName="t", dbName="db"))
-)
 MISSING = reply("get_table", idl.result_class("get_table")(o2=M.NoSuchObjectException("no")))
-GET_TABLE = read_plan("get_table", dbname="db", tbl_name="t")
 ALTER = write_plan(
     "alter_table", dbname="db", tbl_name="t", new_tbl=M.Table(tableName="t", dbName="db")
 )
-
-
-async def fill(e: CacheEngine, message: Message) -> bytes:
-    look = await e.lookup(GET_TABLE)
-    assert look.result is Result.MISS
-    fp = await e.fill_fingerprint(GET_TABLE, look)
-    assert fp is not None
-    assert await e.fill(GET_TABLE, fp, message)
-    return fp
 
 
 def test_a_filled_reply_is_served_until_a_write() -> None:

@@ -18,9 +18,7 @@ from proxy.cache.plan import ReadPlan, WritePlan
 from proxy.cache.store import MemoryStore
 from proxy.listing.cache import ListingCache
 from proxy.metrics import Metrics
-from tests.unit.test_cache_core import PLANNER, read_plan, write_plan
-from tests.unit.test_cache_engine import reply
-from tests.unit.test_hive4_requests import request_args, strings, text
+from tests.unit.helpers import PLANNER, read_plan, reply, request_args, strings, text, write_plan
 
 M = idl.module()
 PART = M.Partition(values=["1"], dbName="db", tableName="t")

@@ -8,7 +8,7 @@ import json
 
 from proxy.cache.events import Event, invalidation_for
 from proxy.cache.keys import EPOCH, DatabaseRef, TableRef, partition_field
-from tests.unit.test_cache_core import NAMING, PLANNER
+from tests.unit.helpers import NAMING, PLANNER
 
 TV = NAMING.versions(TableRef.of("db", "t").tag)
 DV = NAMING.versions(DatabaseRef.of("db").tag)

@@ -6,10 +6,9 @@ protocols, against the scripted metastore."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import struct
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
@@ -19,10 +18,20 @@ from proxy import idl
 from proxy.handler import SessionState, dispatch
 from proxy.handler.flight import Flight
 from proxy.handler.session import NoReply
-from proxy.server import ThriftServer
 from proxy.wire.binary import MessageType, encode_header
 from proxy.wire.framing import Transport, whole_message
 from tests.rig.raw import seqid_of
+from tests.unit.helpers import (
+    DB,
+    Client,
+    T,
+    call_once,
+    connect,
+    get_table,
+    listening,
+    serving,
+    session_tasks,
+)
 from tests.unit.inprocess import Rig, rig
 from tests.unit.scripted_hms import (
     HALF_REPLY,
@@ -35,16 +44,6 @@ from tests.unit.scripted_hms import (
     header_of,
     result_of,
     until,
-)
-from tests.unit.test_server_shortcut import (
-    DB,
-    Client,
-    Counted,
-    T,
-    call_once,
-    connect,
-    get_table,
-    listening,
 )
 
 
@@ -67,19 +66,6 @@ def status(seqid: int) -> bytes:
     return idl.encode_call("getStatus", seqid)
 
 
-@contextlib.asynccontextmanager
-async def serving(**values: Any) -> AsyncIterator[tuple[Rig, Counted, int, ThriftServer]]:
-    """test_server_shortcut's ``listening``, with the server too."""
-    async with rig(listen="127.0.0.1:0", **values) as r:
-        server = ThriftServer(r.options, r.handler, r.metrics)
-        counted = Counted(r)
-        await server.start()
-        try:
-            yield r, counted, server.ports[0], server
-        finally:
-            await server.stop(0)
-
-
 A = TypeVar("A", bound=Action)
 
 
@@ -99,11 +85,6 @@ async def in_flight(r: Rig, port: int, action: A, taskless: bool = False) -> tup
     await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
     assert session_tasks() == (0 if taskless else 1)
     return client, action
-
-
-def session_tasks() -> int:
-    """The sessions with a task, now."""
-    return sum(t.get_coro().__qualname__ == "ClientSession.run" for t in asyncio.all_tasks())  # type: ignore[union-attr]
 
 
 async def held_in_flight(r: Rig, port: int, taskless: bool = False) -> tuple[Client, Slow]:

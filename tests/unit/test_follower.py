@@ -13,7 +13,7 @@ from proxy.config import load
 from proxy.follower import NotificationFollower
 from proxy.metrics import Metrics
 from proxy.upstream import UpstreamPool
-from tests.unit.test_cache_engine import engine
+from tests.unit.helpers import engine
 
 
 class Standby(MemoryStore):

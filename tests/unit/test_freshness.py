@@ -32,6 +32,7 @@ from proxy.freshness import (
 )
 from proxy.handler import SessionState
 from proxy.metrics import Metrics
+from tests.unit.helpers import call_once, connect, get_table, listening
 from tests.unit.inprocess import Rig, options, request, rig
 from tests.unit.scripted_hms import (
     HANG_UP,
@@ -40,12 +41,6 @@ from tests.unit.scripted_hms import (
     result_of,
     table,
     until,
-)
-from tests.unit.test_server_shortcut import (
-    call_once,
-    connect,
-    get_table,
-    listening,
 )
 
 M = idl.module()

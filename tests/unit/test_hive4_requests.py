@@ -14,11 +14,11 @@ from proxy.cache.keys import TableRef, partition_field
 from proxy.cache.plan import Bump, ReadPlan
 from proxy.handler import SessionState
 from proxy.wire.binary import MessageType
-from tests.thrift_values import BOOL, I64, LIST, STRING, STRUCT, Value, encode, message
+from tests.thrift_values import BOOL, I64, STRUCT, Value, encode, message
+from tests.unit.helpers import NAMING, PLANNER, request_args, strings, text
 from tests.unit.inprocess import Client, Rig, rig
 from tests.unit.inprocess import message as parsed
 from tests.unit.scripted_hms import Slow, reply_message, result_of, until
-from tests.unit.test_cache_core import NAMING, PLANNER
 
 M = idl.module()
 DB, T = "db", "t"
@@ -26,21 +26,8 @@ DAYS = ("2024-01-01", "2024-01-02", "2024-01-03")
 TV = NAMING.versions(TableRef.of(DB, T).tag)
 
 
-def text(value: str) -> Value:
-    return Value(STRING, value.encode())
-
-
-def strings(*values: str) -> Value:
-    return Value(LIST, [text(v) for v in values], (STRING, 0))
-
-
 def flag(value: bool) -> Value:
     return Value(BOOL, int(value))
-
-
-def request_args(*fields: tuple[int, Value]) -> bytes:
-    """The arguments of a ``_req`` call: field 1, the request struct of ``fields``."""
-    return encode(Value(STRUCT, [(1, Value(STRUCT, list(fields)))]))
 
 
 def plan_of(method: str, raw: bytes) -> ReadPlan:

@@ -10,6 +10,7 @@ from typing import Any
 from proxy.config import HostPort
 from proxy.http import MetricsServer
 from proxy.metrics import Metrics
+from tests.unit.helpers import _get
 
 
 class SlowCollector:
@@ -23,15 +24,6 @@ class SlowCollector:
         while time.perf_counter() < end:
             n += 1
         return iter(())
-
-
-async def _get(port: int, path: str) -> bytes:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: proxy\r\n\r\n".encode())
-    await writer.drain()
-    data = await reader.read()
-    writer.close()
-    return data
 
 
 def _ticks_during(server: MetricsServer, path: str) -> int:

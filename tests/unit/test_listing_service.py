@@ -16,8 +16,8 @@ from proxy.cache.store import MemoryStore
 from proxy.listing.seal import transactional
 from proxy.listing.service import ListingService
 from proxy.metrics import Metrics
+from tests.unit.helpers import PLANNER
 from tests.unit.inprocess import options
-from tests.unit.test_cache_core import PLANNER
 
 T = idl.module()
 OLD = {"transient_lastDdlTime": "1000"}  # altered long ago: sealed under any rule below

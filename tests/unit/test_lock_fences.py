@@ -25,9 +25,8 @@ from proxy.metrics import Metrics
 from proxy.wire.binary import MessageType, TType, parse_header
 from proxy.wire.fields import field_spans
 from proxy.wire.framing import Message
+from tests.unit.helpers import GET_TABLE, NAMING, PLANNER, TABLE, fill, read_plan, reply, write_plan
 from tests.unit.inprocess import rig
-from tests.unit.test_cache_core import NAMING, PLANNER, read_plan, write_plan
-from tests.unit.test_cache_engine import GET_TABLE, TABLE, fill, reply
 
 M = idl.module()
 T_KEY = NAMING.versions(TableRef.of("db", "t").tag)

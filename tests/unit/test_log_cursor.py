@@ -20,7 +20,7 @@ from proxy.follower import NotificationFollower
 from proxy.log_cursor import LogCursor
 from proxy.metrics import Metrics
 from proxy.upstream import UpstreamPool
-from tests.unit.test_cache_engine import engine
+from tests.unit.helpers import engine
 
 NOW = 1_000_000.0
 

@@ -20,7 +20,7 @@ from proxy.upstream import Identity, UpstreamPool
 from proxy.upstream.pool import MAX_POOLED_IDENTITY, UGI_REPLY_BYTES
 from proxy.wire.binary import MessageType, encode_header, parse_header
 from proxy.wire.framing import Message
-from tests.unit.test_cache_engine import engine
+from tests.unit.helpers import engine
 
 MiB = 1 << 20
 
@@ -128,9 +128,8 @@ def test_set_ugi_replies_are_bounded_and_huge_identities_not_kept() -> None:
 
 def test_invalidations_pending_through_a_long_outage_stay_bounded() -> None:
     from proxy.cache.engine import MAX_PENDING, Result
-    from tests.unit.test_cache_core import write_plan
-    from tests.unit.test_cache_engine import GET_TABLE, TABLE, FlakyStore, fill
-    from tests.unit.test_cache_engine import engine as make
+    from tests.unit.helpers import GET_TABLE, TABLE, FlakyStore, fill, write_plan
+    from tests.unit.helpers import engine as make
 
     async def run() -> None:
         store = FlakyStore()
@@ -288,8 +287,8 @@ def test_names_remembered_with_their_partitions_stay_within_their_count(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from proxy.cache import assembled
+    from tests.unit.helpers import DAYS, DB, Asked, T, by_names
     from tests.unit.inprocess import rig
-    from tests.unit.test_assembled import DAYS, DB, Asked, T, by_names
 
     monkeypatch.setattr(assembled, "FOUND_NAMES", 8)
 

@@ -29,9 +29,9 @@ from proxy.cache.keys import EPOCH, DatabaseRef, TableRef, partition_field
 from proxy.cache.store import MemoryStore
 from proxy.handler import SessionState
 from proxy.metrics import Metrics
+from tests.unit.helpers import NAMING, PLANNER, bumped, read_plan, write_plan
 from tests.unit.inprocess import Rig, message, rig
 from tests.unit.scripted_hms import ScriptedHMS, partition, reply_message, result_of, table
-from tests.unit.test_cache_core import NAMING, PLANNER, bumped, read_plan, write_plan
 
 M = idl.module()
 DB, T = "db", "t"

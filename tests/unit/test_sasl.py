@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from proxy.sasl.kerberos import expand_host, short_name
 from proxy.sasl.layer import PLAIN, Layers, Qop, SaslError
 from proxy.sasl.negotiation import NegotiationReader, Status, encode
 from proxy.sasl.stream import Negotiator, SaslReader, SaslWriter, client_negotiate
+from tests.unit.helpers import ScriptedContext
 
 # -- negotiation messages -------------------------------------------------------------------
 
@@ -52,38 +52,6 @@ def test_a_huge_negotiation_length_is_refused_without_waiting_for_it() -> None:
 
 
 # -- GSSAPI over a scripted context ------------------------------------------------------------
-
-
-@dataclass
-class Wrapped:
-    message: bytes
-    encrypted: bool = False
-
-
-class ScriptedContext:
-    """A GSS context that completes after ``legs`` steps; wrap marks the bytes (and whether
-    encrypted) so the peer's unwrap can check them."""
-
-    def __init__(self, legs: int, out: list[bytes | None]) -> None:
-        self.legs = legs
-        self.out = out
-        self.steps: list[bytes | None] = []
-
-    @property
-    def complete(self) -> bool:
-        return len(self.steps) >= self.legs
-
-    def step(self, token: bytes | None = None) -> bytes | None:
-        self.steps.append(token)
-        return self.out[len(self.steps) - 1]
-
-    def wrap(self, message: bytes, encrypt: bool) -> Wrapped:
-        return Wrapped((b"E" if encrypt else b"S") + message, encrypt)
-
-    def unwrap(self, message: bytes) -> Wrapped:
-        if message[:1] not in (b"E", b"S"):
-            raise ValueError("bad token")
-        return Wrapped(message[1:], message[:1] == b"E")
 
 
 def handshake(server_qops: list[Qop], client_qops: list[Qop], mutual: bool = True) -> Any:

@@ -30,11 +30,10 @@ from proxy.upstream.token_relay import DigestRelay
 from proxy.upstream.tokens import HELD_GRACE, TokenBroker
 from proxy.wire.binary import MessageType, encode_header
 from proxy.wire.framing import Message, MessageReader, Transport
+from tests.unit.helpers import REALMS, Login, acceptor
 from tests.unit.inprocess import message, rig
 from tests.unit.scripted_hms import ScriptedHMS
-from tests.unit.test_sasl import ScriptedContext
 
-REALMS = frozenset({"R"})
 T = TypeVar("T")
 
 
@@ -82,20 +81,6 @@ class Peer:
             data = await asyncio.wait_for(self.reader.read(65536), 5)
             assert data, "closed"
             self.messages.feed(data)
-
-
-class Login:
-    def __init__(self, legs: int = 1) -> None:
-        self.legs = legs
-
-    def acceptor(self) -> Any:
-        context = ScriptedContext(self.legs, [b"AP-REP"])
-        context.initiator_name = "alice/host@R"  # type: ignore[attr-defined]
-        return context
-
-
-def acceptor(relay: Any = None) -> SaslAcceptor:
-    return SaslAcceptor(Login(), [Qop.AUTH], REALMS, 1 << 20, relay)  # type: ignore[arg-type]
 
 
 def wrapped_choice(layer: int) -> bytes:

@@ -6,12 +6,10 @@ pairs of test_server.py enter a session past it)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -21,137 +19,28 @@ from proxy.cache import locks
 from proxy.cache.keys import Bump, TableRef, partition_field
 from proxy.cache.ready import Ready
 from proxy.cache.store import MemoryStore
-from proxy.handler import CallHandler, SessionState, dispatch
-from proxy.handler.again import Again
+from proxy.handler import SessionState, dispatch
 from proxy.handler.session import ClientGone
 from proxy.server import ThriftServer
 from proxy.status import Activity
 from proxy.wire.binary import REPEAT_BYTES, reseq
 from proxy.wire.framing import Transport, call_without_seqid, whole_message
 from tests.rig.raw import seqid_of
+from tests.unit.helpers import (
+    DB,
+    AnsweredAgain,
+    LookedUp,
+    T,
+    answer_of,
+    call_once,
+    connect,
+    get_table,
+    listening,
+)
 from tests.unit.inprocess import Client as Channel
-from tests.unit.inprocess import Rig, rig
 from tests.unit.inprocess import message as message_of
+from tests.unit.inprocess import rig
 from tests.unit.scripted_hms import Slow, message_length, table, until
-
-DB, T = "db", "t"
-
-
-class Counted:
-    """Counts the calls that took the ordinary way (CallHandler.handle)."""
-
-    def __init__(self, r: Rig) -> None:
-        self.calls = 0
-        handle = r.handler.handle
-
-        async def counted(*args: Any) -> None:
-            self.calls += 1
-            await handle(*args)
-
-        r.handler.handle = counted  # type: ignore[method-assign]
-
-
-class Client:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, framed: bool):
-        self.reader, self.writer, self.framed = reader, writer, framed
-        self.buffer = b""
-
-    def wire(self, call: bytes) -> bytes:
-        return struct.pack(">i", len(call)) + call if self.framed else call
-
-    async def send(self, data: bytes) -> None:
-        self.writer.write(data)
-        await self.writer.drain()
-
-    async def reply(self) -> bytes:
-        while True:
-            if self.framed and len(self.buffer) >= 4:
-                n: int | None = 4 + struct.unpack_from(">i", self.buffer)[0]
-                n = n if n is not None and len(self.buffer) >= n else None
-            else:
-                n = None if self.framed else message_length(self.buffer)
-            if n is not None:
-                message, self.buffer = self.buffer[:n], self.buffer[n:]
-                return message[4:] if self.framed else message
-            data = await self.reader.read(1 << 16)
-            assert data, "the proxy closed the connection"
-            self.buffer += data
-
-    async def close(self) -> None:
-        self.writer.close()
-        with contextlib.suppress(ConnectionError):
-            await self.writer.wait_closed()
-
-    async def call(self, request: bytes) -> bytes:
-        await self.send(self.wire(request))
-        return await self.reply()
-
-
-class AnsweredAgain:
-    """Counts the calls answered by an :class:`Again` (the call's kept answer, which every
-    connection shares), while the monkeypatch holds."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls = 0
-        answer = Again.answer
-
-        def counted(again: Again, *args: Any) -> bool:
-            answered = answer(again, *args)
-            self.calls += answered
-            return answered
-
-        monkeypatch.setattr(Again, "answer", counted)
-
-
-class LookedUp:
-    """Counts the hits answered at once the looked-up way (not by a kept Again)."""
-
-    def __init__(self, handler: CallHandler) -> None:
-        self.calls = 0
-        for name in ("serve_hit_now", "serve_repeat_now"):
-            original = getattr(handler, name)
-
-            def counted(*args: Any, _original: Callable[..., Any] = original) -> Any:
-                answered = _original(*args)
-                self.calls += isinstance(answered, Ready)
-                return answered
-
-            setattr(handler, name, counted)
-
-
-@contextlib.asynccontextmanager
-async def listening(**values: Any) -> AsyncIterator[tuple[Rig, Counted, int]]:
-    async with rig(listen="127.0.0.1:0", **values) as r:
-        server = ThriftServer(r.options, r.handler, r.metrics)
-        counted = Counted(r)
-        await server.start()
-        try:
-            yield r, counted, server.ports[0]
-        finally:
-            await server.stop(0)
-
-
-async def connect(r: Rig, port: int) -> Client:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    return Client(reader, writer, r.options.client_transport == "framed")
-
-
-async def call_once(r: Rig, port: int, request: bytes) -> bytes:
-    """``request`` on a connection of its own, closed after its reply (Trino's way)."""
-    client = await connect(r, port)
-    try:
-        return await client.call(request)
-    finally:
-        await client.close()
-
-
-def get_table(seqid: int) -> bytes:
-    return idl.encode_call("get_table", seqid, dbname=DB, tbl_name=T)
-
-
-def answer_of(r: Rig, seqid: int) -> bytes:
-    """The metastore's own reply to :func:`get_table`."""
-    return r.hms.answer("get_table", seqid, dbname=DB, tbl_name=T)
 
 
 @pytest.mark.parametrize("transport", ["buffered", "framed"])

@@ -18,11 +18,18 @@ from proxy.protocols import StreamProtocol, TasklessProtocol
 from proxy.sasl.negotiation import Status, encode
 from proxy.server import ThriftServer
 from tests.rig.raw import seqid_of
-from tests.unit import test_sasl_edges as sasl_edges
+from tests.unit.helpers import (
+    DB,
+    T,
+    acceptor,
+    call_once,
+    connect,
+    get_table,
+    serving,
+    session_tasks,
+)
 from tests.unit.inprocess import rig
 from tests.unit.scripted_hms import result_of, until
-from tests.unit.test_flight import serving, session_tasks
-from tests.unit.test_server_shortcut import DB, T, call_once, connect, get_table
 
 
 def test_the_idle_timeout_closes_a_taskless_connection_silent_or_done_asking() -> None:
@@ -105,7 +112,7 @@ def test_a_stop_closes_connections_that_have_no_session_yet() -> None:
         async with rig(
             listen="127.0.0.1:0", max_client_connections=2, client_message_timeout=3600
         ) as r:
-            server = ThriftServer(r.options, r.handler, r.metrics, sasl_edges.acceptor())
+            server = ThriftServer(r.options, r.handler, r.metrics, acceptor())
             await server.start()
             port = server.ports[0]
             negotiating = await connect(r, port)
@@ -293,7 +300,7 @@ def test_a_connection_with_no_session_counts_what_answered_it_when_it_ends(
     # first); if that is let go for every connection meanwhile, the answers it gives after
     # are counted when the connection ends.
     from proxy.handler import again as again_module
-    from tests.unit.test_again import _counted, _until
+    from tests.unit.helpers import _counted, _until
 
     async def run() -> None:
         async with serving() as (r, _counted_calls, port, server):
