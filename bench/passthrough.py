@@ -4,7 +4,7 @@
 
 Starts a real HMS (Derby, data kept under .rig/bench so the 10,000-partition table is built
 once), a proxy in front of it (``--cache off``: every call passed through), the same proxy
-with ``--forward-at-once off`` (every call the ordinary, awaited way) and the relay floor: a
+with ``--fast-paths off`` (every call the ordinary, awaited way) and the relay floor: a
 do-nothing asyncio relay in front of the same HMS (what one more Python hop costs, before a
 proxy does anything). The four take turns on long-lived connections, through every order of
 them, so all see the same machine noise; latency
@@ -89,7 +89,7 @@ def main() -> None:
         proxy = ProxyProcess(DATA, hms.uri, *options)
         proxy.start()
         # The same proxy with every forwarded call taken the ordinary, awaited way.
-        ordinary = ProxyProcess(DATA, hms.uri, *options, "--forward-at-once", "off")
+        ordinary = ProxyProcess(DATA, hms.uri, *options, "--fast-paths", "off")
         ordinary.start()
         has_uvloop = importlib.util.find_spec("uvloop") is not None
         relay = RelayFloor(
@@ -130,7 +130,7 @@ def main() -> None:
         print()
         print(
             "| call | reply bytes | direct p50 ms | proxied p50 ms | the proxy adds (p50 ms)"
-            " | with --forward-at-once off | a do-nothing relay adds | direct p99 ms"
+            " | with --fast-paths off | a do-nothing relay adds | direct p99 ms"
             " | proxied p99 ms |"
         )
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -103,7 +103,6 @@ class ClientSession:
         self.again: Again | None = None
         # A call only forwarded, sent as it arrived, whose reply has not gone out yet; and
         # what the session's task waits on meanwhile, if it has a request of its own.
-        self.at_once = self.options.forward_at_once == "on"
         self.flight: Flight | None = None
         self.ended = False  # a call in flight found its client gone: the session ends
         self._after_flight: asyncio.Future[None] | None = None
@@ -180,7 +179,7 @@ class ClientSession:
             ready = handler.serve_hit_now(self.state, message, self.client.write_at_once, known)
         if isinstance(ready, Ready):
             if repeat is not None and (kept is None or kept.ready is not ready):
-                # (made once per hit judged, not per call: it cost ~5 us, docs/benchmarks.md)
+                # (once per hit judged, not per call: ~5 us; git log -p docs/benchmarks.md)
                 kept = handler.again(ready, data, transport)
                 if kept is not None:
                     answers.keep(self.state, repeat[0], kept)
@@ -194,8 +193,6 @@ class ClientSession:
     def _forward_now(self, data: bytes, message: Message | None) -> bool:
         """Send a call only forwarded to the metastore at once (see proxy.handler.flight);
         ``message``: what ``data`` holds, if it was found already."""
-        if not self.at_once:
-            return False
         if message is None:
             message = whole_message(data, self.client.transport, self.options.max_request_bytes)
             if message is None:

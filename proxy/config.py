@@ -823,12 +823,13 @@ class Options:
         "system (glibc's malloc_trim: a few ms on the event loop); 0: never",
         metavar="SECONDS",
     )
-    forward_at_once: str = _opt(
+    fast_paths: str = _opt(
         "on",
         choice("on", "off"),
-        "a call the proxy only forwards goes to the metastore as it arrives, and its reply "
-        "(up to 256 KiB) to the client as it comes back, from the sockets' callbacks; off: "
-        "every forwarded call takes the ordinary, awaited way (a session task woken for each)",
+        "for development and tests: off serves every client connection with a task from its "
+        "first byte and answers every call the ordinary, awaited way (no answer kept for a "
+        "call asked again, no hit answered or call forwarded from the sockets' callbacks); "
+        "the replies and the metrics are the same either way (tests/unit/test_fast_paths.py)",
         metavar="on|off",
     )
     event_loop: str = _opt(

@@ -98,7 +98,7 @@ class ThriftServer:
         ClientSession._read_within): ``--client-idle-timeout`` from the last request answered,
         not counting a call in flight; a connection is closed up to a quarter of the
         timeout (at most a second) after it. One timer for them all: one per connection
-        cost ~5 us of each of Trino's calls (docs/benchmarks.md)."""
+        cost ~5 us of each of Trino's calls (git log -p docs/benchmarks.md)."""
         idle = self.options.client_idle_timeout
         loop = asyncio.get_running_loop()
         try:
@@ -139,14 +139,18 @@ class ThriftServer:
         a task: its protocol answers what it can as it arrives (hits, calls only forwarded)
         and the session gets them at the first thing that needs them (see
         proxy.protocols). Trino opens a connection per call: most of them then end with
-        neither. A SASL negotiation, or a connection over the limit, is served by a task
-        from the start. Its socket has TCP_NODELAY already: asyncio's and uvloop's TCP
-        transports set it."""
+        neither. A SASL negotiation, a connection over the limit, and every connection
+        with ``--fast-paths off`` are served by a task from the start. Its socket has
+        TCP_NODELAY already: asyncio's and uvloop's TCP transports set it."""
         if self.stopping:
             transport.close()
             return
         limit = self.options.max_client_connections
-        if self.acceptor is not None or (limit and self.connections() >= limit):
+        if (
+            self.acceptor is not None
+            or (limit and self.connections() >= limit)
+            or self.options.fast_paths == "off"
+        ):
             _, reader, writer = open_streams(transport, protocol.loop)
             task = protocol.loop.create_task(self.serve_client(reader, writer))
             self._starting[task] = writer

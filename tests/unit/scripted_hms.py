@@ -247,7 +247,16 @@ class ScriptedHMS:
             "get_partitions_by_names": self._get_partitions_by_names,
             "get_partitions_by_names_req": self._get_partitions_by_names_req,
             "getStatus": lambda conn, args: idl.result_class("getStatus")(success=2),
+            "get_partitions": self._get_partitions,
+            "get_partition": self._get_partition,
+            "get_partition_names": self._get_partition_names,
+            "add_partition": self._add_partition,
+            "drop_partition": self._drop_partition,
+            "lock": self._lock,
+            "check_lock": self._check_lock,
+            "unlock": lambda conn, args: idl.result_class("unlock")(),
         }
+        self.locks = 0  # lock ids given out
         # Replies given as bytes, by method: seqid -> the whole reply message.
         self.raw_replies: dict[str, Callable[[int], bytes]] = {}
         self._script: dict[str, deque[Action]] = defaultdict(deque)
@@ -474,6 +483,55 @@ class ScriptedHMS:
         found = self._get_partitions_by_names(conn, args.req).success
         result = idl.module().GetPartitionsByNamesResult(partitions=found)
         return idl.result_class("get_partitions_by_names_req")(success=result)
+
+    def _partitions_of(self, db: str, name: str) -> dict[str, Any]:
+        return self.partitions.get((db, name), {})
+
+    def _get_partitions(self, conn: State, args: Any) -> Any:
+        have = self._partitions_of(args.db_name, args.tbl_name)
+        found = [have[n] for n in sorted(have)]
+        if args.max_parts is not None and args.max_parts >= 0:
+            found = found[: args.max_parts]
+        return idl.result_class("get_partitions")(success=found)
+
+    def _get_partition(self, conn: State, args: Any) -> Any:
+        result = idl.result_class("get_partition")
+        name = "ds=" + "/".join(args.part_vals or [])
+        found = self._partitions_of(args.db_name, args.tbl_name).get(name)
+        if found is None:
+            return result(o2=M.NoSuchObjectException(f"partition {name}"))
+        return result(success=found)
+
+    def _get_partition_names(self, conn: State, args: Any) -> Any:
+        names = sorted(self._partitions_of(args.db_name, args.tbl_name))
+        return idl.result_class("get_partition_names")(success=names)
+
+    def _add_partition(self, conn: State, args: Any) -> Any:
+        new = args.new_part
+        result = idl.result_class("add_partition")
+        key, name = (new.dbName, new.tableName), "ds=" + "/".join(new.values or [])
+        if key not in self.tables:
+            return result(o1=M.InvalidObjectException("no table"))
+        if name in self.partitions[key]:
+            return result(o2=M.AlreadyExistsException(f"partition {name}"))
+        self.partitions[key][name] = new
+        return result(success=new)
+
+    def _drop_partition(self, conn: State, args: Any) -> Any:
+        name = "ds=" + "/".join(args.part_vals or [])
+        result = idl.result_class("drop_partition")
+        if self.partitions.get((args.db_name, args.tbl_name), {}).pop(name, None) is None:
+            return result(o1=M.NoSuchObjectException(f"partition {name}"))
+        return result(success=True)
+
+    def _lock(self, conn: State, args: Any) -> Any:
+        self.locks += 1
+        response = M.LockResponse(lockid=self.locks, state=1)  # ACQUIRED
+        return idl.result_class("lock")(success=response)
+
+    def _check_lock(self, conn: State, args: Any) -> Any:
+        response = M.LockResponse(lockid=args.rqst.lockid, state=1)
+        return idl.result_class("check_lock")(success=response)
 
 
 async def until(check: Callable[[], object], what: str = "condition", turns: int = 10_000) -> None:

@@ -615,9 +615,9 @@ def test_what_goes_as_it_arrives_is_exactly_what_handle_only_forwards(
     asyncio.run(run())
 
 
-def test_forward_at_once_off_takes_the_ordinary_way_for_every_call(flown: list[str]) -> None:
+def test_fast_paths_off_takes_the_ordinary_way_for_every_call(flown: list[str]) -> None:
     async def run() -> None:
-        async with listening(cache=False, forward_at_once="off") as (r, counted, port):
+        async with listening(cache=False, fast_paths="off") as (r, counted, port):
             r.hms.add_table(DB, T, v="1")
             client = await connect(r, port)
             for seqid in (1, 2, 3):
