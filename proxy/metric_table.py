@@ -156,6 +156,14 @@ METRICS: tuple[MetricSpec, ...] = (
         also=("stale_replies", "shared_reads"),
     ),
     MetricSpec(
+        "hits_at_once",
+        LoopCounter,
+        "hmsproxy_cache_hits_at_once",
+        "Cache hits answered from the client connection's socket callback, with no task "
+        "woken (the fast paths, docs/design.md); the other hits took the awaited path. The "
+        "share falls when writes, locks and fills move what kept hits were judged under",
+    ),
+    MetricSpec(
         "cache_partitions",
         LoopCounter,
         "hmsproxy_cache_partitions",

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from proxy import catalog
-from proxy.loop_metrics import LoopHistogram
+from proxy.loop_metrics import LoopCounter, LoopHistogram
 from proxy.memo import Footprint
 from proxy.metric_table import METRICS, MetricSpec, Wrap
 
@@ -139,6 +139,7 @@ class Metrics:
     stale_replies: _Children
     shared_reads: _Children
     cache_lookups: _PerMethod
+    hits_at_once: LoopCounter
     cache_partitions: _Children
     cache_errors: _Children
     invalidations: _Children

@@ -278,6 +278,23 @@ def cache() -> list[Panel]:
             bounds=(0, 1),
         ),
         timeseries(
+            "Hits answered with no task",
+            "The share of hits (hit + negative_hit) answered from the connection's socket "
+            "callback, with no task woken (docs/design.md): the rest took the awaited path. It "
+            "falls when writes, locks and fills move what kept hits were judged under.",
+            [
+                target(
+                    ratio(
+                        f"sum({rate('hmsproxy_cache_hits_at_once_total')})",
+                        f"sum({rate(HIT, **HITS)})",
+                    ),
+                    "all",
+                ),
+            ],
+            "percentunit",
+            bounds=(0, 1),
+        ),
+        timeseries(
             "Cache look-ups by result",
             "hit: served from the cache; negative_hit: a remembered NoSuchObjectException; "
             "miss: fetched from the metastore and stored; bypass: not cacheable at that moment "

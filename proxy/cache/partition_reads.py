@@ -232,6 +232,7 @@ class PartitionReads:
         if hit.once is not None:
             self.assembled_once.put(hit.once, None, ONCE_ITEM_BYTES)
         self.store.used_local_versions()
+        self.metrics.hits_at_once.labels().value += 1
         self.metrics.cache_lookups.labels(method_label(hit.method), Result.HIT.value).inc()
         if self.seen is not None:
             self.seen.looked_up(hit.table, True)

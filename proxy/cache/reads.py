@@ -116,6 +116,7 @@ class WholeReads:
     ) -> None:
         self.store = store
         self.metrics = metrics
+        self.at_once = metrics.hits_at_once.labels()
         self.dictionaries = dictionaries
         self.l1 = l1
         # Invalidations the store did not take yet: no hits until they are applied.
@@ -277,6 +278,7 @@ class WholeReads:
         """Count a hit :meth:`judged_now` gave, as a look-up and on the status page: once
         its reply is written (the client has it meanwhile)."""
         self.store.used_local_versions()
+        self.at_once.value += 1
         ready.lookups.inc()
         if ready.table is not None and self.seen is not None:
             self.seen.looked_up(ready.table, ready.seen_hit)

@@ -14,7 +14,7 @@ Why it pays: otherwise a call is found by its copied bytes in a memo, then its p
 its entry, through a dozen Python calls. Warm, that is a few microseconds; but on a machine
 whose other processes keep evicting the proxy's memory from the CPU's caches between calls
 (a metastore, an engine), each step costs several times that, and a hit cost 2-3 times a
-do-nothing server's round trip. Measured in ``docs/benchmarks.md``.
+do-nothing server's round trip. Measured in its history (``git log -p docs/benchmarks.md``).
 
 The session drops its :class:`Again` as soon as a call takes another way: that call may
 change what this connection would be answered (``set_ugi``, a pinned connection).
@@ -30,7 +30,7 @@ by one, the six counts after each write (two counters,
 the duration histogram, the store's and the status page's counts, the LRU's order)
 touched as many objects the machine had evicted from its caches meanwhile: ~20 us of a
 ~55 us answer with all of them evicted, in process (``bench.again_steps``,
-docs/benchmarks.md). ``hmsproxy_request_duration_seconds`` of such an answer does not
+git log -p docs/benchmarks.md). ``hmsproxy_request_duration_seconds`` of such an answer does not
 include its counting.
 """
 
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 # Replies from this size are written as two pieces (header, and a view of the rest) rather
 # than joined: a 120 KB reply's copy cost more than the hit's other steps together, from cold
-# memory (docs/benchmarks.md); a small one's costs less than a second piece.
+# memory (git log -p docs/benchmarks.md); a small one's costs less than a second piece.
 JOIN_BELOW = 16 * 1024
 
 # Answers counted together (see the module's docstring). Kept under 257: CPython's small
@@ -89,6 +89,7 @@ class Again:
         "after",
         "asked",
         "at",
+        "at_once",
         "before",
         "duration",
         "gone",
@@ -132,6 +133,7 @@ class Again:
         self.requests = metrics.requests.labels(ready.method, parts[2])
         self.duration = metrics.request_duration.labels(ready.method, "cache")
         self.gone = metrics.requests.labels(ready.method, "client_gone")
+        self.at_once = metrics.hits_at_once.labels()
         self.used_local = cache.store.used_local_versions
         seen = cache.whole.seen
         self.seen = seen.looked_up if seen is not None and ready.table is not None else None
@@ -205,6 +207,7 @@ class Again:
         ready = self.ready
         self.requests.value += tally
         ready.lookups.value += tally
+        self.at_once.value += tally
         self.used_local(tally)
         if self.seen is not None:
             self.seen(ready.table, ready.seen_hit, tally)  # type: ignore[arg-type]  # (not None)
@@ -219,7 +222,7 @@ class Answers:
     to answer it again with. Trino opens a connection per call: a connection's own Again
     would never be asked again, and each first call took the way through the memo of
     requests, the plan and the entry (~10 us of Python a call in a busy process, against
-    ~3 this way: docs/benchmarks.md). At most :data:`KEPT_ANSWERS` calls and
+    ~3 this way: git log -p docs/benchmarks.md). At most :data:`KEPT_ANSWERS` calls and
     :data:`KEPT_ANSWER_BYTES`: the oldest kept goes first, its answers counted, unless it was
     answered since it was kept or last passed over (a second chance, at the back: calls
     asked once do not push out those asked all the time). A connection with its own
