@@ -2,8 +2,12 @@
 
 How a call flows::
 
-    engine --Thrift--> server.ThriftServer (one session per connection, asyncio)
-                         |  wire.framing.MessageReader: bytes -> messages (sans-I/O;
+    engine --Thrift--> server.ThriftServer; protocols (a connection's asyncio protocol)
+                         |  fast paths, in the socket callbacks (no task): a hit whose
+                         |  entry and versions are in process, the same call answered
+                         |  again (handler.again), a call only forwarded (handler.flight)
+                         v  anything else: client_session.ClientSession's task
+                       wire.framing.MessageReader: bytes -> messages (sans-I/O;
                          |  wire.binary.StructScanner finds where unframed messages end)
                          v
                        handler.dispatch.CallHandler: catalog.lookup(method) picks the way
@@ -17,11 +21,13 @@ How a call flows::
                          (pooled, keyed by set_ugi identity, failover, one retry of a read
                          on a stale pooled connection)
 
-The sans-I/O core (``wire/``, ``catalog``, ``config``, and in ``cache/``: ``keys``,
-``plan``, ``planner``, ``invalidation``, ``named_partitions``, ``decide``, ``entry``,
-``partitions``, ``locks``, ``events``) opens no sockets; ``server``, ``upstream``,
+docs/design.md says how a call is answered, layer by layer. The sans-I/O core (``wire/``,
+``catalog``, ``config``'s options and parsers (``config.load`` reads the files it is
+named), and in ``cache/``: ``keys``, ``plan``, ``planner``, ``invalidation``,
+``named_partitions``, ``decide``, ``mirror``, ``entry``, ``partitions``, ``locks``,
+``events``) opens no sockets; ``server``, ``protocols``, ``client_session``, ``upstream``,
 ``cache.redis_store``, ``http``, ``admin`` and ``app`` are the I/O edges. ``metrics`` holds
-every metric.
+every metric (declared in ``metric_table``).
 """
 
 __version__ = "0.1.0"

@@ -75,7 +75,7 @@ class ClientConnection:
         for it to drain: a reply answered at once, written only while nothing else waits to
         be written (see :meth:`ClientSession.answer_now`). On a plain stream, straight to its
         transport (what ``StreamWriter.write`` does, without its Python steps: they were a
-        tenth of the reply's way to the client, from cold memory, docs/benchmarks.md)."""
+        tenth of the reply's way to the client, from cold memory, git log -p docs/benchmarks.md)."""
         if self.framed:
             message = self.transport.prefix(len(message)) + message
         plain = self.plain

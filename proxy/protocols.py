@@ -9,7 +9,7 @@ await, or a call only forwarded, is answered from its ``data_received``
 ends its connection ends its session from ``eof_received`` and ``connection_lost``. Trino
 opens a connection per call, so most of its connections are served that way from start to
 end: asyncio's streams and a task (made, started, read through, woken at the end) cost more
-than the hit itself (docs/benchmarks.md).
+than the hit itself (git log -p docs/benchmarks.md).
 
 Anything else (a request in parts, a call that awaits, a client that pipelines, ends its
 side or resets while a call is in flight) gives the session its streams: the connection's
@@ -72,8 +72,8 @@ def answered_before_a_session(protocol: TasklessProtocol, data: bytes) -> bool:
     same call (:class:`proxy.handler.again.Answers`), if it still holds; ``False``: nothing
     was done with it. Trino's connections ask one call each: most are answered and closed
     with no session made at all (its objects, made and ended, cost ~4 us of such a call,
-    docs/benchmarks.md). A connection with no session has said nothing before: no identity,
-    no connection of its own to the metastore."""
+    git log -p docs/benchmarks.md). A connection with no session has said nothing before:
+    no identity, no connection of its own to the metastore."""
     server, transport = protocol.server, protocol.transport
     answers = server.handler.answers
     if answers is None or server.stopping or transport is None:

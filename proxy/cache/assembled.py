@@ -23,8 +23,8 @@ so any change since has moved it):
 
 When every name is remembered, steps 2 and 3 and the reply's join are one pass in C
 (:func:`answer`, the twin of :func:`py_answer`; ``_assemble.c``): in Python they were most
-of an assembled hit (docs/benchmarks.md, issue 16's twelfth step). Names not remembered yet
-are found by their keys first, then the pass is made.
+of an assembled hit (git log -p docs/benchmarks.md, issue 16's twelfth step). Names not
+remembered yet are found by their keys first, then the pass is made.
 
 Anything else takes the planned way, which decides again: a name of other columns, an
 entry not in process or not judged since a change, two spellings of one partition, a name

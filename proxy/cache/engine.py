@@ -53,7 +53,7 @@ PLAN_ENTRIES = 20_000
 PLAN_BYTES = 32 << 20
 # Plans of calls known by their bytes but for the seqid (see hit_now): the hottest ones.
 REPEAT_ENTRIES = 4_096
-REPEAT_BYTES = 8 << 20
+REPEAT_PLAN_BYTES = 8 << 20
 
 
 class Activity(Seen, Changes, Protocol):
@@ -137,7 +137,7 @@ class CacheEngine:
         # Plans by a digest of the request (not its bytes: a client decides how big those are).
         self._plans: BoundedMemo[bytes, ReadPlan | None] = BoundedMemo(PLAN_ENTRIES, PLAN_BYTES)
         self._repeats: BoundedMemo[tuple[bytes | None, bytes], ReadPlan] = BoundedMemo(
-            REPEAT_ENTRIES, REPEAT_BYTES
+            REPEAT_ENTRIES, REPEAT_PLAN_BYTES
         )
         # The write side, as the request path, the follower and the admin service call it.
         self.expand = self.invalidations.expand

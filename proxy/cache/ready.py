@@ -6,7 +6,7 @@ versions kept in process; the judgement stands while the store's version generat
 until the entry expires, and while the in-process copy is kept. :class:`Ready` is that
 judgement, one per in-process copy, updated in place when a new generation confirms it:
 a connection that asks the same thing again checks three numbers and answers, with the
-reply's parts the first answer prepared (see :class:`proxy.handler.dispatch.Again`).
+reply's parts the first answer prepared (see :class:`proxy.handler.again.Again`).
 
 When its copy leaves the in-process front (evicted, replaced, expired, cleared), the L1
 retires it: it answers nothing again and lets go of the reply.

@@ -3,7 +3,8 @@
 A forwarded call taken the ordinary way wakes the client session's task for the request,
 awaits a pooled connection, and wakes the task again for each piece of the reply: four
 turns of the event loop and a dozen coroutines around one metastore round trip, which
-measured ~300 us of Python per call (``docs/benchmarks.md``, the eighth step of issue 16).
+measured ~300 us of Python per call (``git log -p docs/benchmarks.md``, the eighth step of
+issue 16).
 A call that needs nothing of the proxy but forwarding (:meth:`CallHandler.forwards_plainly`)
 and arrives whole while an idle pooled connection stands ready is instead written to that
 connection from the client's ``data_received``, and its reply, once whole, written to the

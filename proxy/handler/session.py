@@ -22,7 +22,7 @@ def peer_name(transport: Any) -> str:
 class PeerName:
     """A client's address for the log (``host:port``), made when first written: most
     connections never log a line, and making it at every connect cost ~1.6 us of each of
-    Trino's calls (docs/benchmarks.md). Read from the transport, which keeps the address
+    Trino's calls (git log -p docs/benchmarks.md). Read from the transport, which keeps the address
     from its connect on (asyncio and uvloop both): a line logged after the close has it."""
 
     __slots__ = ("_name", "_transport")
