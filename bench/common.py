@@ -27,6 +27,12 @@ def start_metastore(data_dir: Path) -> MetastoreServer:
 
 def ensure_wide_table(server: MetastoreServer, partitions: int) -> None:
     """``bench.wide``: ``partitions`` partitions of 20 string columns each (~1.1 KB apiece)."""
+    ensure_table(server, WIDE_TABLE, partitions)
+
+
+def ensure_table(server: MetastoreServer, name: str, partitions: int) -> None:
+    """``bench.<name>``, partitioned by ``ds`` (``p000000``, ...), with at least
+    ``partitions`` partitions of 20 string columns each (~1.1 KB apiece)."""
     with client(server.host, server.port) as c:
         if BENCH_DB not in c.get_all_databases():
             c.create_database(t.Database(BENCH_DB, "", f"{server.warehouse.as_uri()}/bench.db", {}))
@@ -48,11 +54,11 @@ def ensure_wide_table(server: MetastoreServer, partitions: int) -> None:
                 parameters={},
             )
 
-        base = f"{server.warehouse.as_uri()}/bench.db/{WIDE_TABLE}"
-        if WIDE_TABLE not in c.get_all_tables(BENCH_DB):
+        base = f"{server.warehouse.as_uri()}/bench.db/{name}"
+        if name not in c.get_all_tables(BENCH_DB):
             c.create_table(
                 t.Table(
-                    tableName=WIDE_TABLE,
+                    tableName=name,
                     dbName=BENCH_DB,
                     owner="bench",
                     sd=sd(base),
@@ -61,25 +67,26 @@ def ensure_wide_table(server: MetastoreServer, partitions: int) -> None:
                     tableType="EXTERNAL_TABLE",
                 )
             )
-        have = len(c.get_partition_names(BENCH_DB, WIDE_TABLE, -1))
+        have = len(c.get_partition_names(BENCH_DB, name, -1))
         started = time.monotonic()
         for start in range(have, partitions, 1000):
             batch = [
                 t.Partition(
                     values=[f"p{i:06d}"],
                     dbName=BENCH_DB,
-                    tableName=WIDE_TABLE,
+                    tableName=name,
                     sd=sd(f"{base}/ds=p{i:06d}"),
                     parameters={"numRows": "1000"},
                 )
                 for i in range(start, min(start + 1000, partitions))
             ]
             c.add_partitions(batch)
-            print(
-                f"  added partitions up to {start + len(batch)}"
-                f" ({time.monotonic() - started:.0f} s)",
-                flush=True,
-            )
+            if partitions > 1000:
+                print(
+                    f"  {name}: added partitions up to {start + len(batch)}"
+                    f" ({time.monotonic() - started:.0f} s)",
+                    flush=True,
+                )
 
 
 class TimedConnection:
