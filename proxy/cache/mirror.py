@@ -113,9 +113,9 @@ class VersionMirror:
         """Rule 1, as :attr:`standing` tells it: called on every change to a stream."""
         confirmed = [s.confirmed_at if s.subscribed else None for s in self._streams]
         if not confirmed or None in confirmed:
-            self.standing.until = -math.inf
+            self.standing.track(-math.inf)
         else:
-            self.standing.until = min(t for t in confirmed if t is not None) + self.max_lag
+            self.standing.track(min(t for t in confirmed if t is not None) + self.max_lag)
 
     def _resync(self) -> None:
         self.resyncs += 1
@@ -130,8 +130,9 @@ class VersionMirror:
             del self._beats[oldest]
 
     def trusted(self, now: float) -> bool:
-        """Whether hits may be served from here (rule 1); ``now`` is monotonic."""
-        return now <= self.standing.until
+        """Whether hits may be served from here as far as the streams go (rule 1; the
+        standing's ``until`` bounds it by write trust too); ``now`` is monotonic."""
+        return now <= self.standing.tracked
 
     def lag(self, now: float) -> float | None:
         """Seconds since the oldest stream's newest confirmed beat was sent (``None``: a

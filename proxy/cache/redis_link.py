@@ -124,6 +124,7 @@ class RedisLink:
         self._probe_keys: list[tuple[Place, str]] = []
         # Without a coherent copy nothing in process is trusted: every hit reads Redis.
         self.standing = self.mirror.standing if self.mirror is not None else Standing(-math.inf)
+        self.standing.trust(-math.inf)  # (until a probe is taken: see _probe_once)
 
     # -- connection and breaker ------------------------------------------------------------
     #
@@ -279,10 +280,14 @@ class RedisLink:
             refusals = [e for e in errors if e not in moved]
             taken = len(replies) == len(sends) and not errors
         if taken:
-            self.write_trust.taken(time.monotonic())
+            now = time.monotonic()
+            self.write_trust.taken(now)
+            self.standing.trust(self.write_trust.horizon(now))
             return ""
         answered = self._client is not None and await self.ping()
-        self.write_trust.not_taken(time.monotonic(), refused=bool(refusals), answered=answered)
+        now = time.monotonic()
+        self.write_trust.not_taken(now, refused=bool(refusals), answered=answered)
+        self.standing.trust(self.write_trust.horizon(now))
         return refusals[0] if refusals else ""
 
     def _track(self, places: list[Place]) -> None:

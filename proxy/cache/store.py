@@ -54,17 +54,30 @@ def new_epoch() -> bytes:
 
 class Standing:
     """Whether a hit judged in process still stands, read in two attributes (the hit path
-    asks on every call). ``generation`` changes whenever anything :meth:`Store.local`
-    answers may have changed (a version, an epoch, a fence; a hash forgotten); ``until``
-    (monotonic) is when what the store keeps in process stops being trusted: never for the
-    embedded store, and for a shared store's coherent copy the moment its invalidation
-    stream would be late (``-inf`` while it is down, or with no copy at all)."""
+    asks on every call, and every way of serving a hit asks this one). ``generation``
+    changes whenever anything :meth:`Store.local` answers may have changed (a version, an
+    epoch, a fence; a hash forgotten); ``until`` (monotonic) is when what the store keeps in
+    process stops being trusted: never for the embedded store; for Redis's coherent copy the
+    sooner of two horizons, each ``-inf`` while it does not hold: the moment its
+    invalidation streams would be late (:meth:`track`, :mod:`.mirror`'s rule 1), and the
+    moment Redis's taking this proxy's writes would be too long ago (:meth:`trust`,
+    :mod:`.write_trust`)."""
 
-    __slots__ = ("generation", "until")
+    __slots__ = ("generation", "tracked", "trusted", "until")
 
     def __init__(self, until: float) -> None:
         self.generation = 0
+        self.tracked = until  # the invalidation streams' horizon
+        self.trusted = math.inf  # the write probes' horizon (a store that cannot refuse: never)
         self.until = until
+
+    def track(self, until: float) -> None:
+        self.tracked = until
+        self.until = min(until, self.trusted)
+
+    def trust(self, until: float) -> None:
+        self.trusted = until
+        self.until = min(self.tracked, until)
 
     def at(self, now: float) -> int | None:
         """The generation, if what is kept in process is trusted at ``now`` (monotonic)."""

@@ -85,11 +85,15 @@ class WriteTrust:
         return now - self._taken_at > self.hold
 
     def trusted(self, now: float) -> bool:
-        return (
-            not self._refused
-            and now - self._taken_at <= self.trust_for
-            and now - self._since >= self.probation
-        )
+        return now <= self.horizon(now)
+
+    def horizon(self, now: float) -> float:
+        """Until when reads are trusted, as the probes stand at ``now``: ``trust_for`` after
+        the last probe taken, unless one was refused since, or trust is on probation (then
+        ``-inf``, until a probe taken after the probation moves it)."""
+        if self._refused or now - self._since < self.probation:
+            return -math.inf
+        return self._taken_at + self.trust_for
 
     def answering(self, now: float) -> bool:
         """Whether Redis answered within ``hold``: peers may still be trusting it (their last

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import random
 
 import pytest
 
 from proxy.cache import write_trust
-from proxy.cache.store import CacheUnavailable
+from proxy.cache.store import CacheUnavailable, Standing
 from proxy.cache.write_trust import WriteTrust, insist
 
 
@@ -134,3 +136,46 @@ def test_a_refusal_older_than_the_hold_holds_nothing(monkeypatch: pytest.MonkeyP
     with pytest.raises(CacheUnavailable):
         asyncio.run(insist(trust, fence, lambda: None))
     assert clock[0] == 700.0
+
+
+def test_the_horizon_never_trusts_a_moment_trusted_does_not() -> None:
+    # The standing's trust horizon (Standing.trust, set after every probe) is what the hit
+    # path checks: it must never trust a moment trusted() does not.
+    rng = random.Random(7)
+    for _ in range(200):
+        trust = WriteTrust(2.0, 0.05)
+        now = 0.0
+        for _ in range(40):
+            now += rng.choice((0.05, 0.25, 0.25, 1.0, 3.0))
+            if rng.random() < 0.7:
+                trust.taken(now)
+            else:
+                trust.not_taken(now, refused=rng.random() < 0.5, answered=rng.random() < 0.5)
+            horizon = trust.horizon(now)
+            assert trust.trusted(now) == (now <= horizon)
+            for later in (now + 0.1, now + 1.9, now + 2.1):
+                if later <= horizon:
+                    assert trust.trusted(later)
+                elif trust.trusted(later):
+                    # only a probation not over at ``now``: the next probe taken moves the
+                    # horizon (at most one interval late, never early)
+                    assert horizon == -math.inf and not trust.trusted(now)
+
+
+def test_a_refused_probe_ends_the_standing_at_once_and_the_sooner_horizon_holds() -> None:
+    standing = Standing(-math.inf)
+    standing.track(10.0)
+    standing.trust(5.0)
+    assert standing.until == 5.0 and standing.at(5.0) == 0 and standing.at(5.1) is None
+    standing.trust(20.0)
+    assert standing.until == 10.0  # the streams' horizon is the sooner now
+    trust = WriteTrust(2.0, 0.05)
+    trust.taken(8.0)
+    standing.trust(trust.horizon(8.0))
+    assert standing.until == 10.0
+    trust.not_taken(8.25, refused=True, answered=True)  # READONLY, MISCONF, OOM, ...
+    standing.trust(trust.horizon(8.25))
+    assert standing.at(8.25) is None  # no hit in process from now, whatever the generation
+    standing.track(-math.inf)
+    standing.trust(30.0)
+    assert standing.at(9.0) is None  # (the streams down)
