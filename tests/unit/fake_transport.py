@@ -16,6 +16,10 @@ from proxy.protocols import TasklessProtocol
 from proxy.server import ThriftServer
 from tests.unit.scripted_hms import split_messages, until
 
+# Event-loop turns a reply may take: enough for round trips to a real Redis on a busy
+# machine (each turn polls the sockets), few enough that a reply that never comes fails.
+TURNS = 500_000
+
 
 class FakeTransport(asyncio.Transport):
     def __init__(self, loop: asyncio.AbstractEventLoop, port: int) -> None:
@@ -126,4 +130,4 @@ class FakeConnection:
         assert isinstance(protocol, asyncio.Protocol)
         if not protocol.eof_received():
             self.transport.close()
-        await until(lambda: self.transport.lost, "the connection's end")
+        await until(lambda: self.transport.lost, "the connection's end", TURNS)

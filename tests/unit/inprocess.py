@@ -8,7 +8,7 @@ client is sent."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,12 +117,15 @@ async def rig(
     stale_window: float = 0.0,
     removed: tuple[str, ...] = (),
     per_user: bool = False,
+    build: Callable[[Options, Metrics], CacheEngine] | None = None,
     **values: Any,
 ) -> AsyncIterator[Rig]:
     """Everything from the handler down to a scripted metastore, closed afterwards;
     ``values`` are options (``upstream_max_connections=1``); ``removed``: methods the
     metastore answers ``UNKNOWN_METHOD`` (HMS 4.0.1's ``get_table``); ``per_user``: a
-    cache kept per user (``--cache-per-user``)."""
+    cache kept per user (``--cache-per-user``); ``build``: the cache engine made from the
+    options as the proxy makes it (``proxy.app.build_cache``: Redis with ``redis=URL``),
+    its store closed afterwards."""
     # (Imported here, not at the top: tests.unit.helpers imports this module.)
     from tests.unit.helpers import NAMING, PLANNER
 
@@ -132,7 +135,10 @@ async def rig(
     pool = UpstreamPool(opts, metrics, opener=hms.open)
     store = store if store is not None else MemoryStore(1 << 24)
     engine = None
-    if cache:
+    if build is not None:
+        engine = build(opts, metrics)
+        store = engine.store  # type: ignore[assignment]  # (Redis's, with redis=URL)
+    elif cache:
         engine = CacheEngine(
             store,
             Planner(NAMING, Ttls(), per_user=True) if per_user else PLANNER,
@@ -147,3 +153,5 @@ async def rig(
     finally:
         await pool.close()
         await hms.close()
+        if build is not None and engine is not None:
+            await engine.store.close()
