@@ -5,11 +5,11 @@ from one another.
   ``NAMING``, ``PLANNER``, ``read_plan``/``write_plan``, ``engine``, ``FlakyStore``,
   ``reply``, ``fill``, a cached ``get_table`` (``TABLE``, ``GET_TABLE``);
 * raw Hive 4 request fields (test_hive4_requests): ``text``, ``strings``, ``request_args``;
-* calls to the in-process rig (tests.unit.inprocess) and to its listener on a loopback port
-  (test_assembled, test_server_shortcut, test_flight): ``DB``/``T``, ``by_names``, ``Asked``,
+* calls to the in-process rig (tests.unit.inprocess), to its listener on a loopback port
+  and to its server fed on fake transports (test_assembled, test_server_shortcut,
+  test_flight, test_again, test_taskless): ``DB``/``T``, ``by_names``, ``Asked``,
   ``listening``/``serving``, the socket ``Client``, ``connect``, ``call_once``,
-  ``get_table``, ``answer_of``, ``Counted``, ``AnsweredAgain``, ``LookedUp``,
-  ``session_tasks``;
+  ``get_table``, ``answer_of``, ``at_once``, ``session_tasks``, ``fed``;
 * changes under a cached answer and the counts after it (test_again): ``_lock``, ``_flush``,
   ``_untrusted``, ``_pending``, ``_counted``, ``_until``; a metrics-port GET (test_http);
 * SASL over a scripted GSS context (test_sasl, test_sasl_edges): ``ScriptedContext``,
@@ -27,18 +27,14 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
-
 from proxy import catalog, idl
 from proxy.cache import locks
 from proxy.cache.engine import CacheEngine, Result
 from proxy.cache.keys import Naming, TableRef
 from proxy.cache.plan import Bump
 from proxy.cache.planner import Planner, Ttls
-from proxy.cache.ready import Ready
 from proxy.cache.store import CacheUnavailable, MemoryStore
-from proxy.handler import CallHandler, SessionState
-from proxy.handler.again import Again
+from proxy.handler import SessionState
 from proxy.metrics import Metrics
 from proxy.sasl.layer import Qop
 from proxy.sasl.server import SaslAcceptor
@@ -46,6 +42,7 @@ from proxy.server import ThriftServer
 from proxy.wire.binary import MessageType, encode_header, parse_header
 from proxy.wire.framing import Message, Transport, whole_message
 from tests.thrift_values import LIST, STRING, STRUCT, Value, encode
+from tests.unit.fake_transport import FakeConnection
 from tests.unit.inprocess import Client as Channel
 from tests.unit.inprocess import Rig, message, rig
 from tests.unit.scripted_hms import message_length
@@ -199,20 +196,6 @@ class Asked:
 # -- the listener on a loopback port (test_server_shortcut, test_flight) ----------------------
 
 
-class Counted:
-    """Counts the calls that took the ordinary way (CallHandler.handle)."""
-
-    def __init__(self, r: Rig) -> None:
-        self.calls = 0
-        handle = r.handler.handle
-
-        async def counted(*args: Any) -> None:
-            self.calls += 1
-            await handle(*args)
-
-        r.handler.handle = counted  # type: ignore[method-assign]
-
-
 class Client:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, framed: bool):
         self.reader, self.writer, self.framed = reader, writer, framed
@@ -249,48 +232,11 @@ class Client:
         return await self.reply()
 
 
-class AnsweredAgain:
-    """Counts the calls answered by an :class:`Again` (the call's kept answer, which every
-    connection shares), while the monkeypatch holds."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls = 0
-        answer = Again.answer
-
-        def counted(again: Again, *args: Any) -> bool:
-            answered = answer(again, *args)
-            self.calls += answered
-            return answered
-
-        monkeypatch.setattr(Again, "answer", counted)
-
-
-class LookedUp:
-    """Counts the hits answered at once the looked-up way (not by a kept Again)."""
-
-    def __init__(self, handler: CallHandler) -> None:
-        self.calls = 0
-        for name in ("serve_hit_now", "serve_repeat_now"):
-            original = getattr(handler, name)
-
-            def counted(*args: Any, _original: Callable[..., Any] = original) -> Any:
-                answered = _original(*args)
-                self.calls += isinstance(answered, Ready)
-                return answered
-
-            setattr(handler, name, counted)
-
-
 @contextlib.asynccontextmanager
-async def listening(**values: Any) -> AsyncIterator[tuple[Rig, Counted, int]]:
-    async with rig(listen="127.0.0.1:0", **values) as r:
-        server = ThriftServer(r.options, r.handler, r.metrics)
-        counted = Counted(r)
-        await server.start()
-        try:
-            yield r, counted, server.ports[0]
-        finally:
-            await server.stop(0)
+async def listening(**values: Any) -> AsyncIterator[tuple[Rig, int]]:
+    """The rig and its listener's port."""
+    async with serving(**values) as (r, port, _server):
+        yield r, port
 
 
 async def connect(r: Rig, port: int) -> Client:
@@ -317,16 +263,40 @@ def answer_of(r: Rig, seqid: int) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def serving(**values: Any) -> AsyncIterator[tuple[Rig, Counted, int, ThriftServer]]:
+async def serving(**values: Any) -> AsyncIterator[tuple[Rig, int, ThriftServer]]:
     """:func:`listening`, with the server too."""
     async with rig(listen="127.0.0.1:0", **values) as r:
         server = ThriftServer(r.options, r.handler, r.metrics)
-        counted = Counted(r)
         await server.start()
         try:
-            yield r, counted, server.ports[0], server
+            yield r, server.ports[0], server
         finally:
             await server.stop(0)
+
+
+@contextlib.asynccontextmanager
+async def fed(
+    **values: Any,
+) -> AsyncIterator[tuple[Rig, ThriftServer, Callable[[], FakeConnection]]]:
+    """The rig's server with no listener, and a maker of client connections to it on fake
+    transports (:class:`FakeConnection`), fed by the test in the pieces it chooses."""
+    async with rig(**values) as r:
+        server = ThriftServer(r.options, r.handler, r.metrics)
+        framed = r.options.client_transport == "framed"
+        ports = iter(range(40000, 50000))
+
+        def connection() -> FakeConnection:
+            return FakeConnection(server, next(ports), framed=framed)
+
+        try:
+            yield r, server, connection
+        finally:
+            await server.stop(0)
+
+
+def at_once(r: Rig) -> float:
+    """The cache hits answered with no task, from a socket callback, so far (settled)."""
+    return r.sample("hmsproxy_cache_hits_at_once_total")
 
 
 def session_tasks() -> int:
@@ -353,14 +323,11 @@ async def _untrusted(r: Rig) -> None:
 
 
 async def _pending(r: Rig) -> None:
+    """An invalidation of the table the store did not take (kept pending, applied by the
+    next look-up or the retry)."""
     assert r.cache is not None
-    invalidations = r.cache.invalidations
-    invalidations.pending.append((None, None))  # type: ignore[arg-type]
-
-    async def not_settled() -> bool:  # the store not taking it yet: the cache bypassed
-        return False
-
-    invalidations.settled = not_settled  # type: ignore[method-assign]
+    key = r.cache.naming.versions(TableRef.of(DB, T).tag)
+    r.cache.invalidations.defer((Bump(key, "table", "table"),))
 
 
 def _counted(r: Rig) -> tuple[float, float, float]:

@@ -27,10 +27,7 @@ from proxy.wire.framing import Transport, call_without_seqid, whole_message
 from tests.rig.raw import seqid_of
 from tests.unit.helpers import (
     DB,
-    AnsweredAgain,
     Client,
-    Counted,
-    LookedUp,
     T,
     _counted,
     _flush,
@@ -39,6 +36,7 @@ from tests.unit.helpers import (
     _pending,
     _until,
     _untrusted,
+    at_once,
     call_once,
     connect,
     get_table,
@@ -50,30 +48,30 @@ from tests.unit.inprocess import Rig, rig
 
 
 @contextlib.asynccontextmanager
-async def a_connection(
-    **values: Any,
-) -> AsyncIterator[tuple[Rig, Counted, LookedUp, Client]]:
-    async with listening(**values) as (r, counted, port):
+async def a_connection(**values: Any) -> AsyncIterator[tuple[Rig, Client]]:
+    async with listening(**values) as (r, port):
         r.hms.add_table(DB, T, v="1")
         client = await connect(r, port)
         try:
-            yield r, counted, LookedUp(r.handler), client
+            yield r, client
         finally:
             await client.close()
 
 
 @contextlib.asynccontextmanager
-async def served(
-    **values: Any,
-) -> AsyncIterator[tuple[Rig, Counted, LookedUp, Client, ThriftServer]]:
+async def served(**values: Any) -> AsyncIterator[tuple[Rig, Client, ThriftServer]]:
     """:func:`a_connection`, with its listener."""
-    async with serving(**values) as (r, counted, port, server):
+    async with serving(**values) as (r, port, server):
         r.hms.add_table(DB, T, v="1")
         client = await connect(r, port)
         try:
-            yield r, counted, LookedUp(r.handler), client, server
+            yield r, client, server
         finally:
             await client.close()
+
+
+def hits(r: Rig) -> float:
+    return r.sample("hmsproxy_cache_lookups_total", method="get_table", result="hit")
 
 
 def the_ready(r: Rig) -> Ready:
@@ -88,25 +86,26 @@ def test_a_call_asked_again_is_answered_from_its_last_hit_with_the_hms_bytes(
     transport: str,
 ) -> None:
     async def run() -> None:
-        async with a_connection(client_transport=transport) as (r, counted, looked_up, client):
+        async with a_connection(client_transport=transport) as (r, client):
             assert await client.call(get_table(1)) == answer(r, 1)  # the miss
             assert await client.call(get_table(2)) == answer(r, 2)  # a hit, looked up
-            assert (counted.calls, looked_up.calls) == (1, 1)
             for seqid in (3, 70_000, -5, 2**31 - 1):  # any seqid, each the caller's own
                 assert await client.call(get_table(seqid)) == answer(r, seqid)
-            assert (counted.calls, looked_up.calls) == (1, 1)  # answered again, 4 times
+            # Every hit answered at once (the last 4 answered again); the metastore asked once.
+            assert r.hms.calls["get_table"] == 1 and at_once(r) == 5
             # Counted as every hit is.
             assert r.requests("get_table", "ok") == 6
-            assert r.sample("hmsproxy_cache_lookups_total", method="get_table", result="hit") == 5
+            assert hits(r) == 5
             cached = {"method": "get_table", "source": "cache"}
             assert r.sample("hmsproxy_request_duration_seconds_count", **cached) == 5
-            # Another call takes its place; the first asked again is looked up once more.
+            # Another call takes its place (a miss, then a hit); the first asked again is
+            # still answered at once.
             r.hms.add_table(DB, "u", v="1")
             other = idl.encode_call("get_table", 9, dbname=DB, tbl_name="u")
             await client.call(other)
             await client.call(other)
             assert await client.call(get_table(10)) == answer(r, 10)
-            assert looked_up.calls == 3
+            assert r.hms.calls["get_table"] == 2 and at_once(r) == 7
 
     asyncio.run(run())
 
@@ -120,7 +119,7 @@ def test_a_big_reply_is_answered_again_byte_for_byte_in_two_pieces(
     (writelines), on either event loop: the same bytes as the metastore's."""
 
     async def run() -> None:
-        async with listening(client_transport=transport) as (r, counted, port):
+        async with listening(client_transport=transport) as (r, port):
             r.hms.add_table(DB, T, v="x" * JOIN_BELOW)
             client = await connect(r, port)
             try:
@@ -129,7 +128,7 @@ def test_a_big_reply_is_answered_again_byte_for_byte_in_two_pieces(
                     # (a reply cut short would leave the client waiting: bounded here)
                     reply = await asyncio.wait_for(client.call(get_table(seqid)), 30)
                     assert reply == answer(r, seqid)
-                assert counted.calls == 1
+                assert r.hms.calls["get_table"] == 1 and at_once(r) == 3
                 assert r.requests("get_table", "ok") == 4
             finally:
                 await client.close()
@@ -143,20 +142,16 @@ def test_a_big_reply_is_answered_again_byte_for_byte_in_two_pieces(
         asyncio.run(run())
 
 
-def test_an_engines_by_names_request_is_answered_again_by_its_bytes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_an_engines_by_names_request_is_answered_again_by_its_bytes() -> None:
     # 100 names a few levels deep, as an engine batches them (~4.9 KB): known by its bytes
     # and answered again; one over REPEAT_BYTES is looked up each time, the same bytes.
     async def run() -> None:
-        async with listening() as (r, _counted, port):
+        async with listening() as (r, port):
             days = [f"2024-01-{i:03d}-region-us-east-1-bucket-{i:05d}" for i in range(400)]
             r.hms.add_table(DB, T, *days, v="1")
-            answered_again = AnsweredAgain(monkeypatch)
             client = await connect(r, port)
             try:
-                for names, again in ((days[:100], True), (days, False)):
-                    answered_again.calls = 0
+                for asked, (names, again) in enumerate(((days[:100], True), (days, False)), 1):
 
                     def request(seqid: int, names: list[str] = names) -> bytes:
                         asked = [f"ds={d}" for d in names]
@@ -167,6 +162,8 @@ def test_an_engines_by_names_request_is_answered_again_by_its_bytes(
                     size = len(request(1))
                     assert size > (4096 if again else REPEAT_BYTES)  # (4 KiB: the limit was)
                     for seqid in range(1, 7):  # a miss, judged, kept whole, a hit, then 2 more
+                        if seqid == 4:
+                            before = at_once(r)
                         reply = await client.call(request(seqid))
                         assert reply == r.hms.answer(
                             "get_partitions_by_names",
@@ -175,7 +172,9 @@ def test_an_engines_by_names_request_is_answered_again_by_its_bytes(
                             tbl_name=T,
                             names=[f"ds={d}" for d in names],
                         )
-                    assert answered_again.calls == (2 if again else 0)
+                    # The last 3 answered at once, either way; the metastore asked once.
+                    assert at_once(r) == before + 3
+                    assert r.hms.calls["get_partitions_by_names"] == asked
             finally:
                 await client.close()
 
@@ -184,12 +183,12 @@ def test_an_engines_by_names_request_is_answered_again_by_its_bytes(
 
 def test_an_exception_reply_is_answered_again_as_it_was_cached() -> None:
     async def run() -> None:
-        async with a_connection() as (r, counted, looked_up, client):
+        async with a_connection() as (r, client):
             missing = {"dbname": DB, "tbl_name": "nope"}
             for seqid in range(1, 6):
                 reply = await client.call(idl.encode_call("get_table", seqid, **missing))
                 assert reply == r.hms.answer("get_table", seqid, **missing)
-            assert (counted.calls, looked_up.calls) == (1, 1)
+            assert r.hms.calls["get_table"] == 1 and at_once(r) == 4
             assert r.requests("get_table", "user_error") == 5
             negative = {"method": "get_table", "result": "negative_hit"}
             assert r.sample("hmsproxy_cache_lookups_total", **negative) == 4
@@ -227,21 +226,22 @@ CHANGES: dict[str, Callable[[Rig], Awaitable[None]]] = {
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_nothing_is_answered_again_once_what_it_depends_on_changed(change: str) -> None:
     async def run() -> None:
-        async with a_connection() as (r, counted, looked_up, client):
+        async with a_connection() as (r, client):
             for seqid in (1, 2, 3):
                 await client.call(get_table(seqid))
-            assert (counted.calls, looked_up.calls) == (1, 1)  # the third answered again
-            hits = r.sample("hmsproxy_cache_lookups_total", method="get_table", result="hit")
+            assert at_once(r) == 2  # (the third answered again)
+            before = hits(r)
             await CHANGES[change](r)
             assert await client.call(get_table(4)) == answer(r, 4)  # as the HMS has it now
-            # Not answered again: looked up (and judged again), or the ordinary way.
-            assert looked_up.calls + counted.calls == 3
+            # Not answered again, nor at once at all: the ordinary way.
+            assert at_once(r) == 2
             if change == "a write":
-                assert b"2" in answer(r, 4) and counted.calls == 2
+                assert b"2" in answer(r, 4)
             if change in ("a write", "a lock", "a flush", "an invalidation pending"):
-                assert counted.calls == 2  # the ordinary way (and not counted as a hit)
-                after = r.sample("hmsproxy_cache_lookups_total", method="get_table", result="hit")
-                assert after == hits
+                # At the metastore (and not counted as a hit).
+                assert r.hms.calls["get_table"] == 2 and hits(r) == before
+            else:  # a hit the ordinary way
+                assert r.hms.calls["get_table"] == 1 and hits(r) == before + 1
 
     asyncio.run(run())
 
@@ -251,18 +251,19 @@ def test_a_call_that_takes_another_way_ends_it() -> None:
     # whose cache a per-user deployment reads, setMetaConf a connection to the metastore of
     # its own, which reads no cache at all. Either ends what is answered again.
     async def run() -> None:
-        async with served(per_user=True) as (r, _, looked_up, client, server):
+        async with served(per_user=True) as (r, client, server):
             await client.call(idl.encode_call("set_ugi", 1, user_name="alice", group_names=[]))
             for seqid in (2, 3, 4):
                 assert await client.call(get_table(seqid)) == answer(r, seqid)
-            assert looked_up.calls == 1  # the fourth was answered again
+            assert at_once(r) == 2  # the hits (the fourth answered again)
             await client.call(idl.encode_call("set_ugi", 5, user_name="bob", group_names=[]))
             (session,) = server._sessions
             assert session.again is None  # ended by the set_ugi
             assert await client.call(get_table(6)) == answer(r, 6)
             # This metastore kept alice (a second set_ugi is refused): her entry, and the
-            # answer kept for her call, with no look-up.
-            assert looked_up.calls == 1 and session.again is not None
+            # answer kept for her call, at once.
+            assert at_once(r) == 3 and r.hms.calls["get_table"] == 1
+            assert session.again is not None
             conf = {"key": "hive.metastore.batch.retrieve.max", "value": "7"}
             await client.call(idl.encode_call("setMetaConf", 7, **conf))
             for seqid in (8, 9):
@@ -275,20 +276,20 @@ def test_a_call_that_takes_another_way_ends_it() -> None:
 def test_calls_sent_together_are_not_answered_again() -> None:
     # Two requests in one segment are not the one call it knows: the ordinary way, in order.
     async def run() -> None:
-        async with served() as (r, counted, _, client, server):
+        async with served() as (r, client, server):
             for seqid in (1, 2, 3):
                 await client.call(get_table(seqid))
             assert _counted(r)[1] == 1  # (the third, answered again, not counted yet)
             await client.send(get_table(4) + get_table(5))
             assert [seqid_of(await client.reply()) for _ in range(2)] == [4, 5]
-            assert counted.calls == 3
             # Those bytes went the ordinary way: the session dropped the Again, whose
             # answer is counted with the others it gives (kept for every connection), by a
             # scrape at the latest.
             (session,) = server._sessions
             assert session.again is None
             assert _counted(r)[1] == 3
-            assert r.sample("hmsproxy_cache_lookups_total", method="get_table", result="hit") == 4
+            assert hits(r) == 4
+            assert at_once(r) == 2  # (the second and the third: not those sent together)
             assert await client.call(get_table(6)) == answer(r, 6)
             assert session.again is not None  # the answer kept for the call, once more
 
@@ -320,31 +321,24 @@ def test_a_stopping_server_answers_nothing_again() -> None:
     asyncio.run(run())
 
 
-def test_what_answers_again_is_made_once_per_hit_and_shared_by_every_connection(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_what_answers_again_is_made_once_per_hit_and_shared_by_every_connection() -> None:
     """Trino asks one call per connection: what answers a call again is made once, with
     the hit that answered it, and answers it on the connections that follow and on its own."""
-    made = []
 
     async def run() -> None:
         async with rig() as r:
             server = ThriftServer(r.options, r.handler, r.metrics)
-            make = r.handler.again
-
-            def counted(*args: Any) -> Any:
-                made.append(args[1])
-                return make(*args)
-
-            monkeypatch.setattr(r.handler, "again", counted)
-            looked_up = LookedUp(r.handler)
+            answers = r.handler.answers
+            assert answers is not None
             await server.start()
             try:
                 r.hms.add_table(DB, T, v="1")
                 port = server.ports[0]
                 assert await call_once(r, port, get_table(1)) == answer(r, 1)  # cached
+                assert answers.first(repeat_of(1)) is None  # (a miss keeps no answer)
                 assert await call_once(r, port, get_table(2)) == answer(r, 2)  # a hit
-                assert made == [get_table(2)] and looked_up.calls == 1
+                kept = answers.first(repeat_of(2))
+                assert kept is not None and answers.footprint()[0] == 1
                 for seqid in (3, 4):  # connections of their own: answered as the second was
                     assert await call_once(r, port, get_table(seqid)) == answer(r, seqid)
                 client = await connect(r, port)
@@ -352,7 +346,9 @@ def test_what_answers_again_is_made_once_per_hit_and_shared_by_every_connection(
                 assert await client.call(get_table(6)) == answer(r, 6)  # and on its own
                 # ... with no session made for it: nothing asked needed one.
                 assert not server._sessions and server.connections() == 1
-                assert len(made) == 1 and looked_up.calls == 1
+                # Every hit at once, by the one answer kept (made with the second's hit).
+                assert at_once(r) == 5 and r.hms.calls["get_table"] == 1
+                assert answers.first(repeat_of(2)) is kept and answers.footprint()[0] == 1
                 # Another call does: a miss, then the same call answered again.
                 r.hms.add_table(DB, "u", v="1")
                 other = [idl.encode_call("get_table", s, dbname=DB, tbl_name="u") for s in (7, 8)]
@@ -484,7 +480,7 @@ def test_answers_again_are_counted_together_and_all_of_them_by_a_scrape() -> Non
     # SETTLE_EVERY answers, when the connection ends, and before the metrics port or the
     # status page reads a count. A scrape shows every call answered before it.
     async def run() -> None:
-        async with a_connection() as (r, counted, looked_up, client):
+        async with a_connection() as (r, client):
             assert r.cache is not None
             seen = r.cache.whole.seen = Activity(show_names=True)
             metrics_port = MetricsServer(HostPort("127.0.0.1", 0), r.metrics)
@@ -510,7 +506,7 @@ def test_answers_again_are_counted_together_and_all_of_them_by_a_scrape() -> Non
                 r.metrics.settle()
                 ok, hits, _ = _counted(r)
                 assert (ok, hits) == (5 + SETTLE_EVERY + 2 + 1, 4 + SETTLE_EVERY + 2)
-                assert (counted.calls, looked_up.calls) == (2, 1)
+                assert r.hms.calls["get_table"] == 2 and at_once(r) == 4 + SETTLE_EVERY + 2
             finally:
                 await metrics_port.stop()
 
@@ -523,7 +519,7 @@ def test_answers_again_are_counted_when_their_connection_ends_if_no_longer_kept(
     # A connection still answers its last call with an Again that Answers let go (counted
     # as it went); the answers it gives after that are counted when its connection ends.
     async def run() -> None:
-        async with listening() as (r, _, port):
+        async with listening() as (r, port):
             r.hms.add_table(DB, T, v="1")
             r.hms.add_table(DB, "u", v="1")
             other = [idl.encode_call("get_table", s, dbname=DB, tbl_name="u") for s in (1, 2)]
@@ -549,7 +545,7 @@ def test_a_bug_in_counting_loses_those_counts_only(caplog: pytest.LogCaptureFixt
     # a scrape: a bug there must not leave a call unanswered, a session behind, or a
     # scrape unanswered.
     async def run() -> None:
-        async with a_connection() as (r, _, _, client):
+        async with a_connection() as (r, client):
             assert r.cache is not None
             seen = r.cache.whole.seen = Activity(show_names=True)
 
@@ -577,7 +573,7 @@ def test_an_entry_answered_again_keeps_its_lru_place_from_the_first_answer() -> 
     # front's LRU order does not: else a hot entry answered only this way would be the
     # first one evicted.
     async def run() -> None:
-        async with served() as (r, _, looked_up, client, server):
+        async with served() as (r, client, server):
             assert r.cache is not None
             r.hms.add_table(DB, "u", v="1")
             port = server.ports[0]
@@ -589,7 +585,7 @@ def test_an_entry_answered_again_keeps_its_lru_place_from_the_first_answer() -> 
             t_key, u_key = r.cache.l1._items  # (in LRU order: u last used)
             assert await client.call(get_table(3)) == answer(r, 3)  # t answered again
             assert list(r.cache.l1._items) == [u_key, t_key]
-            assert _counted(r)[1] == 2 and looked_up.calls == 2  # (its count waits)
+            assert _counted(r)[1] == 2  # (its count waits)
 
     asyncio.run(run())
 

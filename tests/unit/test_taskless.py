@@ -1,7 +1,8 @@
 """Sessions with no task (see proxy.protocols): a connection whose calls are
 answered as they arrive keeps the listener's promises (the idle timeout, the connection
 limit, a stop, the connection gauge) as a session with a task does; and a stop closes the
-connections with no session yet. On a loopback port."""
+connections with no session yet. On a loopback port (a request in parts: fed on a fake
+transport, tests.unit.fake_transport)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from tests.unit.helpers import (
     DB,
     T,
     acceptor,
+    at_once,
     call_once,
     connect,
+    fed,
     get_table,
     serving,
     session_tasks,
@@ -34,7 +37,7 @@ from tests.unit.scripted_hms import result_of, until
 
 def test_the_idle_timeout_closes_a_taskless_connection_silent_or_done_asking() -> None:
     async def run() -> None:
-        async with serving(client_idle_timeout=0.4) as (r, counted, port, _server):
+        async with serving(client_idle_timeout=0.4) as (r, port, _server):
             r.hms.add_table(DB, T, v="1")
             await call_once(r, port, get_table(1))  # cached
             silent = await connect(r, port)
@@ -42,7 +45,7 @@ def test_the_idle_timeout_closes_a_taskless_connection_silent_or_done_asking() -
             for seqid in range(2, 12):  # a second of hits, each within the idle timeout
                 await asyncio.sleep(0.1)
                 assert seqid_of(await asking.call(get_table(seqid))) == seqid
-            assert session_tasks() == 0 and counted.calls == 1
+            assert session_tasks() == 0 and at_once(r) == 10
             assert await asyncio.wait_for(silent.reader.read(), 30) == b""  # (long closed)
             assert r.sample("hmsproxy_client_errors_total", reason="idle") == 1
             assert await asyncio.wait_for(asking.reader.read(), 30) == b""  # then idle too
@@ -56,7 +59,7 @@ def test_the_idle_timeout_closes_a_taskless_connection_silent_or_done_asking() -
 
 def test_taskless_connections_count_against_the_connection_limit() -> None:
     async def run() -> None:
-        async with serving(max_client_connections=2) as (r, _counted, port, _server):
+        async with serving(max_client_connections=2) as (r, port, _server):
             r.hms.add_table(DB, T, v="1")
             await call_once(r, port, get_table(1))  # cached
             await until(lambda: not r.sample("hmsproxy_client_connections"), "its end")
@@ -82,7 +85,7 @@ def test_taskless_connections_count_against_the_connection_limit() -> None:
 
 def test_a_stop_closes_taskless_connections_at_once() -> None:
     async def run() -> None:
-        async with serving() as (r, _counted, port, server):
+        async with serving() as (r, port, server):
             r.hms.add_table(DB, T, v="1")
             await call_once(r, port, get_table(1))  # cached
             clients = [await connect(r, port) for _ in range(3)]
@@ -139,7 +142,6 @@ def test_a_stop_closes_a_connection_over_the_limit_still_waiting_to_be_refused()
     async def run() -> None:
         async with serving(max_client_connections=1, client_message_timeout=3600) as (
             r,
-            _counted,
             port,
             server,
         ):
@@ -165,7 +167,7 @@ def test_a_bug_in_a_sessions_task_is_logged_and_its_connection_closed(
         raise KeyError("a bug")
 
     async def run() -> None:
-        async with serving() as (r, _counted, port, _server):
+        async with serving() as (r, port, _server):
             r.hms.add_table(DB, T, v="1")
             monkeypatch.setattr(client_session.ClientSession, "_serve", broken)
             client = await connect(r, port)
@@ -183,26 +185,30 @@ def test_a_pause_of_writing_before_the_streams_holds_after_them() -> None:
     nothing): the stream protocol that takes over must not write until told to resume."""
 
     async def run() -> None:
-        async with serving() as (r, _counted, port, server):
+        async with fed() as (r, server, connection):
             r.hms.add_table(DB, T, v="1")
-            await call_once(r, port, get_table(1))  # cached
-            client = await connect(r, port)
-            assert seqid_of(await client.call(get_table(2))) == 2
+            first = connection()
+            first.feed(get_table(1))  # cached
+            await first.replied(1)
+            await first.end()
+            client = connection()
+            client.feed(get_table(2))
+            assert [seqid_of(reply) for reply in await client.replied(1)] == [2]
             (session,) = server._sessions
-            assert session.shortcut is not None
-            taskless = session.shortcut.get_protocol()
+            assert session.task is None
+            taskless = client.transport.get_protocol()
             assert isinstance(taskless, TasklessProtocol)
             taskless.pause_writing()  # (as the transport would)
-            await client.send(get_table(3)[:10])  # a part: the streams, and the task
-            await until(lambda: session.task is not None, "the task")
-            streams = session.shortcut.get_protocol()
+            client.feed(get_table(3)[:10])  # a part: the streams, and the task
+            assert session.task is not None
+            streams = client.transport.get_protocol()
             assert isinstance(streams, StreamProtocol) and streams is not taskless
             # (asyncio's flow control: a drain waits for a resume)
             assert streams._paused  # type: ignore[attr-defined]
             streams.resume_writing()
-            await client.send(get_table(3)[10:])
-            assert seqid_of(await client.reply()) == 3
-            await client.close()
+            client.feed(get_table(3)[10:])
+            assert [seqid_of(reply) for reply in await client.replied(2)] == [2, 3]
+            await client.end()
 
     asyncio.run(run())
 
@@ -215,7 +221,7 @@ def test_a_sessions_address_for_the_log_is_made_when_written_and_holds_after_the
         pytest.importorskip("uvloop")
 
     async def run() -> None:
-        async with serving() as (r, _counted, port, server):
+        async with serving() as (r, port, server):
             r.hms.add_table(DB, T, v="1")
             client = await connect(r, port)
             assert seqid_of(await client.call(get_table(1))) == 1
@@ -238,33 +244,28 @@ def test_a_sessions_address_for_the_log_is_made_when_written_and_holds_after_the
 
 @pytest.mark.parametrize("transport", ["buffered", "framed"])
 def test_a_call_answered_as_kept_needs_no_session_and_its_connection_is_counted(
-    monkeypatch: pytest.MonkeyPatch, transport: str
+    transport: str,
 ) -> None:
     """Trino's calls after the first hit: each connection answered by the answer kept for
     its call, with no session made; counted as a connection while open, and not after."""
-    made = []
-    init = client_session.ClientSession.__init__
-
-    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
-        made.append(self)
-        init(self, *args, **kwargs)
 
     async def run() -> None:
-        async with serving(client_transport=transport) as (r, _counted, port, server):
+        async with serving(client_transport=transport) as (r, port, server):
             r.hms.add_table(DB, T, v="1")
             await call_once(r, port, get_table(1))  # a miss: cached
             await call_once(r, port, get_table(2))  # a hit: its answer kept
             await until(lambda: not r.sample("hmsproxy_client_connections"), "their ends")
-            monkeypatch.setattr(client_session.ClientSession, "__init__", counted)
-            for seqid in (3, 4, 5):
-                assert seqid_of(await call_once(r, port, get_table(seqid))) == seqid
-            open_one = await connect(r, port)
-            assert seqid_of(await open_one.call(get_table(6))) == 6
-            assert r.sample("hmsproxy_client_connections") == 1
-            await open_one.close()
-            await until(lambda: not r.sample("hmsproxy_client_connections"), "its end")
-            assert made == [] and not server._sessionless
+            await until(lambda: not server._sessions, "their sessions' ends")
+            for seqid in (3, 4, 5, 6):
+                client = await connect(r, port)
+                assert seqid_of(await client.call(get_table(seqid))) == seqid
+                assert r.sample("hmsproxy_client_connections") == 1
+                assert not server._sessions  # (none made for it)
+                await client.close()
+                await until(lambda: not r.sample("hmsproxy_client_connections"), "its end")
+            assert not server._sessionless
             assert r.sample("hmsproxy_requests_total", method="get_table", outcome="ok") == 6
+            assert at_once(r) == 5 and r.hms.calls["get_table"] == 1
 
     asyncio.run(run())
 
@@ -276,7 +277,7 @@ def test_a_bug_answering_a_connection_with_no_session_is_logged_and_closes_it(
         raise KeyError("a bug")
 
     async def run() -> None:
-        async with serving() as (r, _counted, port, _server):
+        async with serving() as (r, port, _server):
             r.hms.add_table(DB, T, v="1")
             await call_once(r, port, get_table(1))  # a miss: cached
             await call_once(r, port, get_table(2))  # a hit: its answer kept
@@ -303,7 +304,7 @@ def test_a_connection_with_no_session_counts_what_answered_it_when_it_ends(
     from tests.unit.helpers import _counted, _until
 
     async def run() -> None:
-        async with serving() as (r, _counted_calls, port, server):
+        async with serving() as (r, port, server):
             r.hms.add_table(DB, T, v="1")
             r.hms.add_table(DB, "u", v="1")
             other = [idl.encode_call("get_table", s, dbname=DB, tbl_name="u") for s in (1, 2)]
