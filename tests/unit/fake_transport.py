@@ -117,7 +117,11 @@ class FakeConnection:
 
     async def replied(self, count: int) -> list[bytes]:
         """Wait until ``count`` replies in all have been written; they."""
-        await until(lambda: len(self.replies()) >= count or self.transport.lost, f"{count} replies")
+        await until(
+            lambda: len(self.replies()) >= count or self.transport.lost,
+            f"{count} replies",
+            TURNS,
+        )
         replies = self.replies()
         assert len(replies) >= count, f"the proxy closed the connection after {replies!r}"
         return replies

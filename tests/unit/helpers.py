@@ -319,7 +319,7 @@ async def _flush(r: Rig) -> None:
 
 
 async def _untrusted(r: Rig) -> None:
-    r.store.standing.until = -math.inf  # (a shared store's invalidation stream lagging)
+    r.store.standing.track(-math.inf)  # (a shared store's invalidation stream lagging)
 
 
 async def _pending(r: Rig) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import socket
 import struct
 from collections import Counter, defaultdict, deque
@@ -257,6 +258,9 @@ class ScriptedHMS:
             "unlock": lambda conn, args: idl.result_class("unlock")(),
         }
         self.locks = 0  # lock ids given out
+        # A table names who asked for it (a parameter): a reply kept for one user and
+        # served to another then shows (tests/unit/differential.py).
+        self.tell_user = False
         # Replies given as bytes, by method: seqid -> the whole reply message.
         self.raw_replies: dict[str, Callable[[int], bytes]] = {}
         self._script: dict[str, deque[Action]] = defaultdict(deque)
@@ -434,9 +438,17 @@ class ScriptedHMS:
     def _get_meta_conf(self, conn: State, args: Any) -> Any:
         return idl.result_class("getMetaConf")(success=conn.conf.get(args.key, ""))
 
+    def _table_for(self, conn: State, db: str, name: str) -> Any:
+        found = self.tables.get((db, name))
+        if found is None or not self.tell_user:
+            return found
+        told = copy.copy(found)
+        told.parameters = {**(found.parameters or {}), "asked_by": str(conn.user)}
+        return told
+
     def _get_table(self, conn: State, args: Any) -> Any:
         result = idl.result_class("get_table")
-        found = self.tables.get((args.dbname, args.tbl_name))
+        found = self._table_for(conn, args.dbname, args.tbl_name)
         if found is None:
             return result(o2=M.NoSuchObjectException(f"{args.dbname}.{args.tbl_name}"))
         return result(success=found)
@@ -444,7 +456,7 @@ class ScriptedHMS:
     def _get_table_req(self, conn: State, args: Any) -> Any:
         result = idl.result_class("get_table_req")
         req = args.req
-        found = self.tables.get((req.dbName, req.tblName))
+        found = self._table_for(conn, req.dbName, req.tblName)
         if found is None:
             return result(o2=M.NoSuchObjectException(f"{req.dbName}.{req.tblName}"))
         return result(success=M.GetTableResult(table=found))

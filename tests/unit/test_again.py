@@ -161,6 +161,8 @@ def test_an_engines_by_names_request_is_answered_again_by_its_bytes() -> None:
 
                     size = len(request(1))
                     assert size > (4096 if again else REPEAT_BYTES)  # (4 KiB: the limit was)
+                    assert r.handler.answers is not None
+                    kept = r.handler.answers.footprint()[0]
                     for seqid in range(1, 7):  # a miss, judged, kept whole, a hit, then 2 more
                         if seqid == 4:
                             before = at_once(r)
@@ -172,9 +174,11 @@ def test_an_engines_by_names_request_is_answered_again_by_its_bytes() -> None:
                             tbl_name=T,
                             names=[f"ds={d}" for d in names],
                         )
-                    # The last 3 answered at once, either way; the metastore asked once.
+                    # The last 3 answered at once, either way; the metastore asked once. Only
+                    # the one within REPEAT_BYTES is kept to be answered again by its bytes.
                     assert at_once(r) == before + 3
                     assert r.hms.calls["get_partitions_by_names"] == asked
+                    assert r.handler.answers.footprint()[0] == kept + (1 if again else 0)
             finally:
                 await client.close()
 
