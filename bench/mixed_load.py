@@ -11,7 +11,7 @@ phases of ``--seconds`` each: quiet (reads only), then mixed, where another clie
 one of ``--hot`` other tables through the proxy every ``--write-every`` seconds and reads
 it back (its refill). Printed per phase: the proxy's p50 and p99 for those hits against
 the direct metastore's (timed in turns with them every eighth round), the hits timed, and
-the share of hits answered with no task
+the share of hits answered by a fast path, nothing awaited
 (``hmsproxy_cache_hits_at_once_total`` over hit and negative_hit look-ups). A write to one
 table should cost hits on the others nothing; what it costs them is what this measures.
 """
@@ -61,7 +61,7 @@ def queries(tables: list[str]) -> list[bytes]:
 
 
 def hits(proxy: ProxyProcess) -> tuple[float, float]:
-    """(hits answered with no task, all hits) so far."""
+    """(hits answered by a fast path, all hits) so far."""
     metrics = proxy.metrics()
     at_once = metrics.get(("hmsproxy_cache_hits_at_once_total", ()), 0.0)
     total = sum(
@@ -175,7 +175,7 @@ def main() -> None:
         )
         print(
             "| phase | writes | direct p50 ms | proxy p50 ms | ratio | direct p99 ms"
-            " | proxy p99 ms | ratio | hits timed | hits with no task |"
+            " | proxy p99 ms | ratio | hits timed | hits by a fast path |"
         )
         print("|---|---|---|---|---|---|---|---|---|---|")
         for name in ("quiet", "mixed"):

@@ -149,6 +149,11 @@ class Proxy:
         return checks
 
     async def start(self) -> None:
+        if self.options.forward_at_once == "off":
+            log.warning(
+                "--forward-at-once is gone and is ignored: calls only forwarded are sent as "
+                "they arrive (--fast-paths off, for development, turns every fast path off)"
+            )
         if self.kerberos is not None:
             await self.kerberos.start(self.metrics)
             self._login_task = asyncio.create_task(self.kerberos.keep_logged_in(self.metrics))

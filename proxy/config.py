@@ -832,6 +832,13 @@ class Options:
         "the replies and the metrics are the same either way (tests/unit/test_fast_paths.py)",
         metavar="on|off",
     )
+    forward_at_once: str = _opt(
+        "on",
+        choice("on", "off"),
+        "gone (it turned off one fast path); accepted so that configurations that set it "
+        "still start, with a warning for off: --fast-paths off turns every fast path off",
+        metavar="on|off",
+    )
     event_loop: str = _opt(
         "auto",
         choice("auto", "uvloop", "asyncio"),

@@ -159,9 +159,10 @@ METRICS: tuple[MetricSpec, ...] = (
         "hits_at_once",
         LoopCounter,
         "hmsproxy_cache_hits_at_once",
-        "Cache hits answered from the client connection's socket callback, with no task "
-        "woken (the fast paths, docs/design.md); the other hits took the awaited path. The "
-        "share falls when writes, locks and fills move what kept hits were judged under",
+        "Cache hits answered by a fast path, with nothing awaited: from the client "
+        "connection's socket callback, or by its session as soon as it read the request "
+        "(docs/design.md); the other hits took the awaited path. The share falls when "
+        "writes, locks and fills move what kept hits were judged under",
     ),
     MetricSpec(
         "cache_partitions",
@@ -298,7 +299,8 @@ METRICS: tuple[MetricSpec, ...] = (
         Gauge,
         "hmsproxy_redis_tracking_up",
         "1 while every Redis invalidation stream is subscribed and delivered a beat within "
-        "--redis-tracking-max-lag (hits may then read versions in process); else 0",
+        "--redis-tracking-max-lag (hits may then read versions in process, while Redis also "
+        "takes this proxy's writes: hmsproxy_redis_writes_taken); else 0",
     ),
     MetricSpec(
         "tracking_lag",

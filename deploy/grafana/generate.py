@@ -278,10 +278,11 @@ def cache() -> list[Panel]:
             bounds=(0, 1),
         ),
         timeseries(
-            "Hits answered with no task",
-            "The share of hits (hit + negative_hit) answered from the connection's socket "
-            "callback, with no task woken (docs/design.md): the rest took the awaited path. It "
-            "falls when writes, locks and fills move what kept hits were judged under.",
+            "Hits answered by a fast path",
+            "The share of hits (hit + negative_hit) answered with nothing awaited, from the "
+            "connection's socket callback or as soon as its session read the request "
+            "(docs/design.md): the rest took the awaited path. It falls when writes, locks and "
+            "fills move what kept hits were judged under.",
             [
                 target(
                     ratio(

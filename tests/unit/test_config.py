@@ -229,3 +229,10 @@ def test_a_lock_fence_shorter_than_hive_txn_timeout_is_warned_about_once_at_star
     assert len(lines) == (1 if warned else 0), lines
     if warned:
         assert "hive.txn.timeout" in lines[0] and "may end before" in lines[0]
+
+
+def test_a_configuration_that_sets_the_gone_forward_at_once_still_loads(tmp_path: Path) -> None:
+    file = tmp_path / "proxy.toml"
+    file.write_text('upstream = "thrift://file:1"\nforward_at_once = "off"\n')
+    options = load({}, {}, file)  # (an upgrade must not stop a proxy from starting)
+    assert options.forward_at_once == "off" and options.fast_paths == "on"
