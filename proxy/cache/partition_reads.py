@@ -101,6 +101,7 @@ class PartitionReads:
         self.whole_reads = whole  # replies kept whole: filled as any other read's
         self.naming = naming
         self.metrics = metrics
+        self.at_once = metrics.hits_at_once.labels()  # (looked up once, as WholeReads does)
         self.dictionaries = dictionaries
         self.l1 = l1
         self.pending = pending
@@ -232,7 +233,7 @@ class PartitionReads:
         if hit.once is not None:
             self.assembled_once.put(hit.once, None, ONCE_ITEM_BYTES)
         self.store.used_local_versions()
-        self.metrics.hits_at_once.labels().value += 1
+        self.at_once.value += 1
         self.metrics.cache_lookups.labels(method_label(hit.method), Result.HIT.value).inc()
         if self.seen is not None:
             self.seen.looked_up(hit.table, True)
