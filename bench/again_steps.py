@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy import idl
-from proxy.cache.ready import Ready
+from proxy.cache.l1 import Item, stands
 from proxy.handler import SessionState
 from proxy.handler.again import Again
 from proxy.wire.framing import Transport, call_without_seqid, whole_message
@@ -66,18 +66,18 @@ def checked_not_counted(self: Again, data: bytes, transport: Any) -> bool:
         or not data.endswith(self.after)
     ):
         return False
-    ready, standing = self.ready, self.standing
-    parts = ready.answer
+    item = self.item()
     now = time.monotonic()
     if (
-        parts is None
-        or ready.generation != standing.generation
-        or now > standing.until
-        or now >= ready.deadline
+        item is None
+        or not stands(item, self.standing, now)
         or self.invalidations.pending
         or transport.get_write_buffer_size()
         or transport.is_closing()
     ):
+        return False
+    parts = item.answer
+    if parts is None:
         return False
     at = self.at
     transport.write(self.head + data[at : at + 4] + parts[1])
@@ -92,8 +92,9 @@ def compared_and_written(self: Again, data: bytes, transport: Any) -> bool:
     ):
         return False
     at = self.at
-    assert self.ready.answer is not None
-    transport.write(self.head + data[at : at + 4] + self.ready.answer[1])
+    item = self.item()
+    assert item is not None and item.answer is not None
+    transport.write(self.head + data[at : at + 4] + item.answer[1])
     return True
 
 
@@ -127,14 +128,14 @@ async def run(evict_bytes: int, runs: int) -> None:
             await r.handler.handle(session, message(request), Client())
         whole = whole_message(request, Transport.BUFFERED, 1 << 24)
         assert whole is not None
-        ready = r.handler.serve_hit_now(session, whole, [].append)
-        assert ready is not None and ready is not True
-        ready.deadline = float("inf")  # (cold runs are slow: nothing may expire meanwhile)
-        again = r.handler.again(ready, request, Transport.BUFFERED)
+        item = r.handler.serve_hit_now(session, whole, [].append)
+        assert isinstance(item, Item)
+        item.expires_at = float("inf")  # (cold runs are slow: nothing may expire meanwhile)
+        again = r.handler.again(item, request, Transport.BUFFERED)
         assert again is not None
         transport = CountingTransport()
         evicted, zeros = bytearray(evict_bytes), bytes(evict_bytes)
-        print(f"\nget_table answered again ({len(ready.reply):,} reply bytes); p50 us\n")
+        print(f"\nget_table answered again ({len(item.entry.payload):,} reply bytes); p50 us\n")
         print("| what | warm | cold |")
         print("|---|---:|---:|")
         for name, answer in VARIANTS.items():
@@ -171,10 +172,10 @@ async def at_once(r: Rig, session: SessionState, evicted: bytearray, runs: int) 
     written: list[float] = []
     known, whole_call = call_without_seqid(request, Transport.BUFFERED), message(request)
     assert known is not None  # (remembered by its bytes from now on)
-    ready = handler.serve_hit_now(session, whole_call, [].append, known[0])
-    assert isinstance(ready, Ready) and handler.answers is not None
-    ready.deadline = float("inf")  # (cold runs are slow: nothing may expire meanwhile)
-    kept = handler.again(ready, request, Transport.BUFFERED)
+    item = handler.serve_hit_now(session, whole_call, [].append, known[0])
+    assert isinstance(item, Item) and handler.answers is not None
+    item.expires_at = float("inf")  # (cold runs are slow: nothing may expire meanwhile)
+    kept = handler.again(item, request, Transport.BUFFERED)
     assert kept is not None
     handler.answers.keep(session, known[0], kept)
     transport = CountingTransport()
@@ -192,9 +193,9 @@ async def at_once(r: Rig, session: SessionState, evicted: bytearray, runs: int) 
             started = time.perf_counter()
             repeat = call_without_seqid(data, Transport.BUFFERED)
             assert repeat is not None
-            ready = handler.serve_repeat_now(session, *repeat, write)
+            hit = handler.serve_repeat_now(session, *repeat, write)
             ended = time.perf_counter()
-            assert isinstance(ready, Ready) and len(written) == 1
+            assert isinstance(hit, Item) and len(written) == 1
             to_write.append(written[0] - started)
             whole.append(ended - started)
         p50s["to its write"].append(statistics.median(to_write) * 1e6)

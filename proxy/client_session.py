@@ -22,7 +22,7 @@ import functools
 import logging
 from typing import TYPE_CHECKING
 
-from proxy.cache.ready import Ready
+from proxy.cache.l1 import Item
 from proxy.client_connection import ClientConnection
 from proxy.handler import ClientGone, SessionState
 from proxy.handler.again import Again
@@ -162,7 +162,7 @@ class ClientSession:
         # without finding its end or decoding it (the same bytes were one whole message then),
         # and answered again as it was, if it still may be (see proxy.handler.again).
         repeat = call_without_seqid(data, transport)
-        ready: Ready | bool | None = False
+        hit: Item | bool | None = False
         message: Message | None = None
         kept = None
         if repeat is not None:
@@ -170,23 +170,23 @@ class ClientSession:
             if kept is not None and kept is not self.again and kept.answer(data, stream):
                 self.keep_again(kept)
                 return True
-            ready = handler.serve_repeat_now(self.state, *repeat, self.client.write_at_once)
-        if ready is False:  # not known by its bytes (None: known, and not answered at once)
+            hit = handler.serve_repeat_now(self.state, *repeat, self.client.write_at_once)
+        if hit is False:  # not known by its bytes (None: known, and not answered at once)
             message = whole_message(data, transport, self.options.max_request_bytes)
             if message is None:
                 return False
             known = repeat[0] if repeat is not None else None
-            ready = handler.serve_hit_now(self.state, message, self.client.write_at_once, known)
-        if isinstance(ready, Ready):
-            if repeat is not None and (kept is None or kept.ready is not ready):
+            hit = handler.serve_hit_now(self.state, message, self.client.write_at_once, known)
+        if isinstance(hit, Item):
+            if repeat is not None and (kept is None or not kept.answers_from(hit)):
                 # (once per hit judged, not per call: ~5 us; git log -p docs/benchmarks.md)
-                kept = handler.again(ready, data, transport)
+                kept = handler.again(hit, data, transport)
                 if kept is not None:
                     answers.keep(self.state, repeat[0], kept)
             self.keep_again(kept)
             return True
         self.keep_again(None)
-        if ready is True:  # assembled from partitions, nothing to keep
+        if hit is True:  # assembled from partitions, nothing to keep
             return True
         return self._forward_now(data, message)  # not a hit: only forwarded, maybe
 

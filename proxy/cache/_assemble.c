@@ -23,7 +23,7 @@
 
 typedef struct {
     PyTypeObject *item_type, *entry_type;
-    Py_ssize_t current_under, expires_at, entry, used;  /* Item's slots */
+    Py_ssize_t judged_under, expires_at, entry, used;  /* Item's slots */
     Py_ssize_t flags, payload, entry_expires_at;        /* Entry's */
     long absent;                                        /* Entry.flags bit: not a partition */
 } Layout;
@@ -67,7 +67,7 @@ static PyObject *configure(PyObject *module, PyObject *const *args, Py_ssize_t n
     l.absent = PyLong_AsLong(args[2]);
     if (l.absent == -1 && PyErr_Occurred())
         return NULL;
-    if (slot_offset(l.item_type, "current_under", &l.current_under) < 0 ||
+    if (slot_offset(l.item_type, "judged_under", &l.judged_under) < 0 ||
         slot_offset(l.item_type, "expires_at", &l.expires_at) < 0 ||
         slot_offset(l.item_type, "entry", &l.entry) < 0 ||
         slot_offset(l.item_type, "used", &l.used) < 0 ||
@@ -236,7 +236,7 @@ static PyObject *answer(PyObject *module, PyObject *const *args, Py_ssize_t narg
         }
         items[i] = item;
         PyObject *entry = SLOT(item, layout.entry);
-        if (!int_is(SLOT(item, layout.current_under), generation) ||
+        if (!int_is(SLOT(item, layout.judged_under), generation) ||
             !(seconds(SLOT(item, layout.expires_at)) > now) || entry == NULL ||
             !Py_IS_TYPE(entry, layout.entry_type) ||
             !(seconds(SLOT(entry, layout.entry_expires_at)) > wall))

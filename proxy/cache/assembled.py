@@ -5,7 +5,7 @@ query's pruned list, the next query's): such a request is new each time, and pla
 (its arguments decoded, 100 names parsed, 100 version fields, refs and keys, the look-up
 grouped by hash) cost more than everything else its hit does. Here a request is answered
 without a plan when every partition it names is in process and was judged current under
-the store's version generation that still stands (``Item.current_under``: stamped by
+the store's version generation that still stands (``Item.judged_under``: stamped by
 :meth:`.partition_reads.PartitionReads.lookup` with the generation read before its versions,
 so any change since has moved it):
 

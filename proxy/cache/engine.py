@@ -31,12 +31,11 @@ from proxy.cache import assembled
 from proxy.cache.decide import Result, Verdict, fingerprints_footprint
 from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.fences import LockFences
-from proxy.cache.l1 import L1
+from proxy.cache.l1 import L1, Item
 from proxy.cache.partition_reads import AssembledHit, PartitionReads
 from proxy.cache.plan import ReadPlan, WritePlan
 from proxy.cache.planner import Planner
 from proxy.cache.reads import ReadCall, Seen, Served, WholeReads
-from proxy.cache.ready import Ready
 from proxy.cache.sampling import Sampler
 from proxy.cache.store import MemoryStore, Store
 from proxy.cache.writes import MAX_PENDING, Changes, Invalidations, WriteIntent
@@ -214,7 +213,7 @@ class CacheEngine:
         identity: bytes | None,
         largest: int,
         repeat: bytes | None = None,
-    ) -> Ready | None:
+    ) -> Item | None:
         """The hit (its reply at most ``largest`` bytes) to serve for a cacheable read on a
         shared connection, if it is one that needs no await (see :meth:`WholeReads.hit_now`),
         to count with :meth:`count_now` once written; ``None``: take :meth:`read`, which
@@ -246,13 +245,13 @@ class CacheEngine:
     def count_assembled(self, hit: AssembledHit) -> None:
         self.partitions.count_assembled(hit)
 
-    def count_now(self, ready: Ready) -> None:
+    def count_now(self, item: Item) -> None:
         """Count a hit :meth:`hit_now` or :meth:`repeated_hit` gave, once written."""
-        self.whole.count_now(ready)
+        self.whole.count_now(item)
 
     def repeated_hit(
         self, repeat: bytes, identity: bytes | None, largest: int
-    ) -> tuple[bool, Ready | None]:
+    ) -> tuple[bool, Item | None]:
         """:meth:`hit_now` for a call known by its bytes but for the seqid: (known, the hit
         or ``None``). Not known: ask :meth:`hit_now` with the message (the same bytes were a
         whole message with a plan, so they are again: no scan, no decode, no digest
@@ -262,7 +261,7 @@ class CacheEngine:
             return False, None
         return True, self.hit_by_plan(plan, largest)
 
-    def hit_by_plan(self, plan: ReadPlan, largest: int) -> Ready | None:
+    def hit_by_plan(self, plan: ReadPlan, largest: int) -> Item | None:
         if plan.partitions is not None and self.partitions.assemble:
             return self.partitions.hit_now(plan, largest)
         return self.whole.hit_now(plan, largest)

@@ -15,61 +15,101 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from proxy.cache.entry import Entry
+from proxy.cache.entry import Entry, Payload
 
 if TYPE_CHECKING:
-    from proxy.cache.ready import Ready
+    from proxy.cache.keys import TableRef
+    from proxy.cache.store import Standing
+    from proxy.loop_metrics import Count
 
-_stamp = operator.attrgetter("current_under")
+_stamp = operator.attrgetter("judged_under")
 _expires = operator.attrgetter("expires_at")
 _entry_expires = operator.attrgetter("entry.expires_at")
 _USED = itertools.repeat("used")
 _TRUE = itertools.repeat(True)
 
-# Item.current_under of an item no longer held: never stamped again (see Item.stamp), so
-# a stamp that stands says the item is held.
+# Item.judged_under of an item not judged since it was kept, and of one no longer held
+# (never stamped again, see Item.stamp: a stamp that stands says the item is held). No
+# store's generation is either.
+UNJUDGED = -1
 RETIRED = -2
+# What an item's hits keep beside it once one is answered at once (HitCount, the reply's
+# prepared parts: a copy of its header, a view of the rest, the tuple), charged to its size:
+# ~580 bytes by tracemalloc (tests/unit/test_memo.py holds the charge to what is measured).
+PREPARED_BYTES = 700
 
 # What an entry costs beyond its key and payload (the Entry, the Item, the dict slot).
 OVERHEAD_BYTES = 250
 
 
+@dataclass(frozen=True, slots=True)
+class HitCount:
+    """How a hit on an item answered at once is counted (the awaited path's counts of the
+    same hit): made when it is first judged so, the same for every hit after."""
+
+    method: str  # the method's metric label
+    lookups: Count  # hmsproxy_cache_lookups{method, result}
+    table: TableRef | None  # counted as looked up on the status page (None: not counted)
+    seen_hit: bool  # counted there as a hit
+
+
 @dataclass(slots=True, eq=False, weakref_slot=True)
 class Item:
-    """An entry held, with what is kept beside it. Compared by identity (a request's
-    partitions are told apart by their items, see :func:`judged`), and weakly
-    referable (memos of items must not keep one alive that L1 let go)."""
+    """An entry held, with its judgement and what its hits prepared. Compared by identity
+    (a request's partitions are told apart by their items, see :func:`judged`), and weakly
+    referable (nothing that remembers an item keeps one alive that L1 let go)."""
 
     key: str
     entry: Entry
-    expires_at: float  # monotonic
+    # Monotonic: the sooner of the end of its copy here and the entry's expiry. The one
+    # clock a hit in process is checked against (see stands).
+    expires_at: float
     size: int
-    # Its hits' judgement (see WholeReads.judged_now): retired when the item goes.
-    ready: Ready | None = None
-    # A partition's copy: the store's version generation under which it was last judged
-    # current (see PartitionReads.lookup and .assembled); -1: not since it was kept;
-    # RETIRED: no longer held.
-    current_under: int = -1
+    # The one stamp of a judgement in process: the store's version generation under which
+    # it was last judged a hit (a whole reply, see WholeReads.judged_now) or current (a
+    # partition, see PartitionReads.lookup and .assembled); UNJUDGED: not since it was
+    # kept; RETIRED: no longer held.
+    judged_under: int = UNJUDGED
     # Used by a hit that did not move it in LRU order (see judged): L1._evict gives
     # it a second chance.
     used: bool = False
+    # A whole reply answered at once: how its hits are counted, and the reply's parts as
+    # every such hit writes them (the header up to its seqid, the rest after it, the
+    # outcome label; see proxy.handler.again.prepared). The parts go when it is retired.
+    counted: HitCount | None = None
+    answer: tuple[bytes, Payload, str] | None = None
 
     def stamp(self, generation: int) -> None:
-        """Judged current under ``generation`` (if still held: a read that looked the item
-        up before an await may judge it after L1 let it go)."""
-        if self.current_under != RETIRED:
-            self.current_under = generation
+        """Judged a hit, or current, under ``generation`` (if still held: a read that looked
+        the item up before an await may judge it after L1 let it go)."""
+        if self.judged_under != RETIRED:
+            self.judged_under = generation
 
     def retire(self) -> None:
-        self.current_under = RETIRED
-        if self.ready is not None:
-            self.ready.retire()
+        """It left L1: nothing judged of it stands again, and its prepared reply goes
+        (whoever still remembers it weakly finds it gone, or retired)."""
+        self.judged_under = RETIRED
+        self.answer = None
+
+
+def stands(item: Item, standing: Standing, now: float) -> bool:
+    """The hit rule in process, for every way that serves a hit judged before without
+    judging it again (a call answered again, a repeated request, a whole reply kept): it
+    was judged under the store's generation that still stands (nothing a version look-up
+    answers has changed since: :class:`.store.Standing`), what the store keeps in process
+    is trusted at ``now`` (monotonic), and ``item`` has not expired (a retired one's stamp
+    is no generation). :func:`current` is the same rule for a request's partitions, and
+    ``_assemble.c`` its C twin."""
+    return (
+        item.judged_under == standing.generation and now <= standing.until and now < item.expires_at
+    )
 
 
 def current(items: list[Item], generation: int, now: float, wall: float) -> bool:
     """Whether every one of ``items`` (at least one) is held, unexpired (``now`` monotonic,
-    ``wall`` Unix time) and judged current under ``generation`` (``Item.current_under``;
-    a stamp that stands says the item is held)."""
+    ``wall`` Unix time) and judged current under ``generation`` (``Item.judged_under``;
+    a stamp that stands says the item is held): :func:`stands` for each (the caller
+    checked the generation stands at ``now``)."""
     # A request's hundred partitions: each test one loop in C (map), not a Python
     # iteration per partition with its attribute look-ups.
     # (``now <`` each, not ``min() <= now``: a NaN is never later than anything.)
@@ -143,14 +183,16 @@ class L1:
         if key in self._items:
             self._items.move_to_end(key)
 
-    def put(self, key: str, entry: Entry, ttl: float, *, current_under: int = -1) -> None:
-        """Keep ``entry``; ``current_under``: a partition's, the generation under which it
-        is known current (see Item.current_under)."""
+    def put(self, key: str, entry: Entry, ttl: float, *, judged_under: int = UNJUDGED) -> None:
+        """Keep ``entry`` for at most ``ttl`` seconds and never past its expiry;
+        ``judged_under``: a partition's, the generation under which it is known current
+        (see Item.judged_under)."""
         size = len(key) + len(entry.payload) + OVERHEAD_BYTES
-        if size > self.max_bytes // 4 or ttl <= 0:
+        ttl = min(ttl, entry.expires_at - time.time())
+        if size > self.max_bytes // 4 or not ttl > 0:
             return  # one entry never pushes out most of the others
         self.pop(key)
-        item = Item(key, entry, time.monotonic() + ttl, size, current_under=current_under)
+        item = Item(key, entry, time.monotonic() + ttl, size, judged_under=judged_under)
         self._items[key] = item
         self.bytes += size
         self._evict()

@@ -36,10 +36,9 @@ from proxy.cache.decide import (
 )
 from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.keys import EPOCH, Naming, TableRef, partition_field
-from proxy.cache.l1 import L1
+from proxy.cache.l1 import L1, UNJUDGED, Item
 from proxy.cache.plan import PartitionPlan, ReadPlan
 from proxy.cache.reads import Pending, ReadCall, Seen, Served, WholeReads
-from proxy.cache.ready import Ready
 from proxy.cache.store import CacheUnavailable, Found, Store
 from proxy.memo import BoundedMemo
 from proxy.metrics import Metrics, method_label
@@ -166,7 +165,7 @@ class PartitionReads:
         if versions is not None:
             # (Versions made now, an epoch, moved the generation: the stamp then says
             # nothing, as it should.)
-            await self.fill(plan, versions, missing, got, current_under=look.generation)
+            await self.fill(plan, versions, missing, got, judged_under=look.generation)
         if whole:
             return Served(await call.send(reply.data), "upstream")
         return Served(await call.send(self._assembled(plan, seqid, {**known, **got})), "upstream")
@@ -239,7 +238,7 @@ class PartitionReads:
             self.seen.looked_up(hit.table, True)
         self.metrics.cache_partitions.labels("hit").inc(hit.partitions)
 
-    def hit_now(self, plan: ReadPlan, largest: int) -> Ready | None:
+    def hit_now(self, plan: ReadPlan, largest: int) -> Item | None:
         """The repeated request's whole reply, if it is a hit that needs no await (as
         :meth:`WholeReads.hit_now`); ``None``: take :meth:`read`."""
         pp = plan.partitions
@@ -328,8 +327,8 @@ class PartitionReads:
             out.expires_at = min(out.expires_at, entry.expires_at)
             out.absent = out.absent or payload is None
             if from_store and l1 is not None:
-                stamp = generation if generation is not None else -1
-                l1.put(ekey, entry, entry.ttl, current_under=stamp)
+                stamp = generation if generation is not None else UNJUDGED
+                l1.put(ekey, entry, entry.ttl, judged_under=stamp)
         if len(out.known) == len(pp.values):
             out.result = Result.HIT
         return out
@@ -403,15 +402,15 @@ class PartitionReads:
         asked: Sequence[Values],
         got: dict[Values, bytes],
         *,
-        current_under: int | None = None,
+        judged_under: int | None = None,
     ) -> None:
         """Store what the HMS returned for ``asked``, and remember the rest as absent;
-        ``current_under``: the generation read before ``versions`` were (see
+        ``judged_under``: the generation read before ``versions`` were (see
         :class:`PartitionLookup`), under which the in-process copies are current."""
         pp = plan.partitions
         assert pp is not None
-        if current_under is not None and self.store.local(pp.wanted_fields) is None:
-            current_under = None  # (no longer kept in process: see lookup)
+        if judged_under is not None and self.store.local(pp.wanted_fields) is None:
+            judged_under = None  # (no longer kept in process: see lookup)
         compress = self.store.compress
         sample = next(iter(got.values()), None)
         # The embedded store keeps entries uncompressed: no dictionary to make or keep.
@@ -433,8 +432,8 @@ class PartitionReads:
                 value = codec.encode(fp, codec.ABSENT, b"", plan.ttl, compress=False)
             items.append((ekey, value, plan.ttl))
             if self.l1 is not None:
-                stamp = current_under if current_under is not None else -1
-                self.l1.put(ekey, entry, plan.ttl, current_under=stamp)
+                stamp = judged_under if judged_under is not None else UNJUDGED
+                self.l1.put(ekey, entry, plan.ttl, judged_under=stamp)
         if dictionary is not None:
             dkey = self.naming.dictionary(pp.tag, dictionary[0].hex())
             items.append((dkey, dictionary[1], self.dictionary_ttl))

@@ -31,9 +31,8 @@ from proxy.cache.decide import BYPASS, Result, Verdict, judge, judge_stale, stor
 from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.entry import Payload
 from proxy.cache.keys import EPOCH, TableRef
-from proxy.cache.l1 import L1
+from proxy.cache.l1 import L1, PREPARED_BYTES, HitCount, Item, stands
 from proxy.cache.plan import ReadPlan
-from proxy.cache.ready import READY_BYTES, Ready
 from proxy.cache.store import CacheUnavailable, Found, Store
 from proxy.metrics import Metrics, method_label
 from proxy.wire.framing import Message
@@ -223,7 +222,7 @@ class WholeReads:
                 self._turns.pop(key, None)
         return Served(outcome, "upstream")
 
-    def hit_now(self, plan: ReadPlan, largest: int) -> Ready | None:
+    def hit_now(self, plan: ReadPlan, largest: int) -> Item | None:
         """The hit to serve, if the call is one that needs no await: its entry and its
         versions are in process (the decoded front, and the embedded store's versions or
         the copy Redis keeps coherent), and no invalidation is pending. ``None``: take
@@ -234,27 +233,23 @@ class WholeReads:
 
     def judged_now(
         self, plan: ReadPlan, largest: int, table: TableRef | None, *, negative_seen_as_hit: bool
-    ) -> Ready | None:
-        """The hit :meth:`hit_now` serves, for ``plan``'s entry in the decoded front, to
-        count with :meth:`count_now` once written (as a look-up, and on the status page as
-        a look-up of ``table``: a hit, or a negative one if ``negative_seen_as_hit``);
-        ``None``: not one to serve at once."""
+    ) -> Item | None:
+        """The item whose reply :meth:`hit_now` serves, ``plan``'s entry in the decoded
+        front, to count with :meth:`count_now` once written (as a look-up, and on the status
+        page as a look-up of ``table``: a hit, or a negative one if
+        ``negative_seen_as_hit``); ``None``: not one to serve at once. Judged again only
+        when the judgement it holds no longer :func:`.l1.stands`."""
         l1 = self.l1
-        item = l1.item(plan.key) if l1 is not None else None
-        if l1 is None or item is None or item.entry.iceberg or self.pending.pending:
+        if l1 is None or self.pending.pending:
             return None
-        generation = self.store.generation()
-        if generation is None:
+        item = l1.item(plan.key)
+        if item is None or item.entry.iceberg:
             return None
-        ready = item.ready
-        if ready is None:
-            # The entry's own expiry (Unix time) as a monotonic deadline, with its copy's.
-            expires = time.monotonic() + item.entry.expires_at - time.time()
-            deadline = min(expires, item.expires_at)
-            label = method_label(plan.method)
-            ready = item.ready = Ready(plan.key, item.entry.payload, label, deadline, table)
-            l1.charge(item, READY_BYTES)
-        if ready.generation != generation:
+        standing = self.store.standing
+        if not stands(item, standing, time.monotonic()):
+            generation = self.store.generation()
+            if generation is None:
+                return None
             versions = self.store.local(plan.grouped)
             if versions is None:
                 return None
@@ -262,26 +257,30 @@ class WholeReads:
             if not verdict.hit:
                 return None
             # Nothing a version look-up could answer changes while the generation stands:
-            # the same judgement until then, but for the entry's expiry. (The entry's key
-            # is a digest of the request, from which the planner, fixed at start, makes
-            # the refs.)
-            lookups = self.metrics.cache_lookups.labels(ready.method, verdict.result.value)
-            seen_hit = negative_seen_as_hit or verdict.result is Result.HIT
-            ready.judged(generation, lookups, seen_hit)  # (a hit's reply: the entry's)
-        elif ready.deadline <= time.monotonic():
+            # the same judgement until then, but for the item's expiry (checked by L1.item
+            # and stands). (The entry's key is a digest of the request, from which the
+            # planner, fixed at start, makes the refs.)
+            item.stamp(generation)
+            if item.counted is None:
+                label = method_label(plan.method)
+                lookups = self.metrics.cache_lookups.labels(label, verdict.result.value)
+                seen_hit = negative_seen_as_hit or verdict.result is Result.HIT
+                item.counted = HitCount(label, lookups, table, seen_hit)
+                l1.charge(item, PREPARED_BYTES)
+        if len(item.entry.payload) > largest:
             return None
-        if len(ready.reply) > largest:
-            return None
-        return ready
+        return item
 
-    def count_now(self, ready: Ready) -> None:
+    def count_now(self, item: Item) -> None:
         """Count a hit :meth:`judged_now` gave, as a look-up and on the status page: once
         its reply is written (the client has it meanwhile)."""
+        counted = item.counted
+        assert counted is not None  # (made when it was judged a hit)
         self.store.used_local_versions()
         self.at_once.value += 1
-        ready.lookups.inc()
-        if ready.table is not None and self.seen is not None:
-            self.seen.looked_up(ready.table, ready.seen_hit)
+        counted.lookups.inc()
+        if counted.table is not None and self.seen is not None:
+            self.seen.looked_up(counted.table, counted.seen_hit)
 
     async def lookup(self, plan: ReadPlan, *, fresh: bool = False) -> Verdict:
         """``fresh``: judged against the versions as the store has them now, never a copy

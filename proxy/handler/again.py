@@ -5,10 +5,8 @@ it plans a query, a pooled connection's look-ups of one table), or on a new conn
 time (Trino). A call answered at once (see :meth:`.dispatch.CallHandler.serve_hit_now`) is
 kept as an :class:`Again`, by its connection and for every connection (:class:`Answers`):
 the next request is compared with it in place, its bytes but for the seqid,
-and answered while the hit that answered it holds (the store's version generation it was
-judged under, the versions in process trusted, before the entry's expiry, its in-process
-copy still kept, no invalidation pending: see :class:`proxy.cache.ready.Ready`), with the
-reply's parts prepared once.
+and answered while the hit that answered it holds (:func:`proxy.cache.l1.stands`, and no
+invalidation pending), with the reply's parts its in-process copy prepared once.
 
 Why it pays: otherwise a call is found by its copied bytes in a memo, then its plan, then
 its entry, through a dozen Python calls. Warm, that is a few microseconds; but on a machine
@@ -39,11 +37,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from array import array
 
 from proxy.cache.engine import CacheEngine
 from proxy.cache.entry import Payload
-from proxy.cache.ready import Ready
+from proxy.cache.l1 import Item, stands
 from proxy.handler.session import ClientGone, SessionState
 from proxy.metrics import Metrics
 from proxy.upstream import result_outcome
@@ -80,9 +79,9 @@ def prepared(reply: Payload) -> tuple[bytes, Payload, str]:
 class Again:
     """What answers a connection's last call again (see the module's docstring).
 
-    :meth:`answer` is the hot path of a busy engine's repeated calls, written as one
-    function: its checks are :meth:`.reads.WholeReads.judged_now`'s, read off the
-    :class:`Ready` it judged and the store's :class:`Standing`; its counts are those of
+    :meth:`answer` is the hot path of a busy engine's repeated calls: the hit rule is
+    :func:`.l1.stands`, as for every hit judged before, on the item it answered from
+    (remembered weakly: an Again never keeps a reply L1 let go); its counts are those of
     :meth:`.dispatch.CallHandler.serve_hit_now`, made in place."""
 
     __slots__ = (
@@ -91,13 +90,15 @@ class Again:
         "at",
         "at_once",
         "before",
+        "counted",
         "duration",
         "gone",
         "head",
         "invalidations",
+        "item",
         "kept",
+        "key",
         "length",
-        "ready",
         "requests",
         "sampler",
         "seen",
@@ -113,36 +114,43 @@ class Again:
         request: bytes,
         at: int,
         transport: Transport,
-        ready: Ready,
+        item: Item,
         cache: CacheEngine,
         metrics: Metrics,
     ) -> None:
-        parts = ready.answer
-        assert parts is not None  # (prepared when it was answered)
+        parts, counted = item.answer, item.counted
+        assert parts is not None and counted is not None  # (made when it was answered)
         self.length = len(request)
         self.at = at  # where the request's seqid is
         self.before = request[:at]
         self.after = request[at + 4 :]
-        self.ready = ready  # (its reply's parts are read off it: gone when it is retired)
-        self.head = transport.prefix(len(ready.reply)) + parts[0]  # framed, on a framed one
-        # What decides, beside the Ready: the store's generation, pending invalidations.
+        self.item = weakref.ref(item)  # (its reply's parts are read off it: see answer)
+        self.key = item.key
+        self.counted = counted
+        self.head = transport.prefix(len(item.entry.payload)) + parts[0]  # framed, if framed
+        # What decides, beside the item: the store's generation, pending invalidations.
         self.standing = cache.store.standing
         self.invalidations = cache.invalidations
         self.sampler = cache.freshness  # (it wants a hit: the ordinary way records it)
         # What is counted.
-        self.requests = metrics.requests.labels(ready.method, parts[2])
-        self.duration = metrics.request_duration.labels(ready.method, "cache")
-        self.gone = metrics.requests.labels(ready.method, "client_gone")
+        method = counted.method
+        self.requests = metrics.requests.labels(method, parts[2])
+        self.duration = metrics.request_duration.labels(method, "cache")
+        self.gone = metrics.requests.labels(method, "client_gone")
         self.at_once = metrics.hits_at_once.labels()
         self.used_local = cache.store.used_local_versions
         seen = cache.whole.seen
-        self.seen = seen.looked_up if seen is not None and ready.table is not None else None
+        self.seen = seen.looked_up if seen is not None and counted.table is not None else None
         self.touch = cache.l1.touch
         self.kept = False  # by Answers, which counts its answers (see keep)
         self.asked = False  # answered since Answers kept it, or last passed it over
         # Answers not counted yet, and how long each took (see settle).
         self.tally = 0
         self.spent = array("d", bytes(8 * SETTLE_EVERY))  # (unboxed: no float objects kept)
+
+    def answers_from(self, item: Item) -> bool:
+        """Whether this answers from ``item`` (not from one L1 let go since)."""
+        return self.item() is item
 
     def answer(self, data: bytes, transport: asyncio.WriteTransport) -> bool:
         """Answer ``data`` on ``transport`` if it is the same call, but for its seqid, and
@@ -154,19 +162,19 @@ class Again:
             or not data.endswith(self.after)
         ):
             return False
-        ready, standing = self.ready, self.standing
-        parts = ready.answer
+        item = self.item()
         now = time.monotonic()  # (perf_counter's clock too, on Linux: one call for both)
         if (
-            parts is None  # retired with its in-process copy
-            or ready.generation != standing.generation  # anything it depends on changed
-            or now > standing.until  # the versions kept in process are not trusted now
-            or now >= ready.deadline  # the entry expired
+            item is None  # L1 let it go, and nothing holds it
+            or not stands(item, self.standing, now)  # (a retired one's stamp never stands)
             or self.invalidations.pending  # a write's invalidation not applied yet
             or self.sampler.want  # the freshness check wants a hit (proxy.cache.sampling)
             or transport.get_write_buffer_size()  # (the session's writes keep the order)
             or transport.is_closing()
         ):
+            return False
+        parts = item.answer
+        if parts is None:  # (retired with its stamp: not reached)
             return False
         at = self.at
         rest = parts[1]
@@ -184,7 +192,7 @@ class Again:
         tally = self.tally
         self.spent[tally] = time.monotonic() - now
         if not tally:  # (the entry's LRU place, once for the answers counted together)
-            self.touch(ready.key)
+            self.touch(self.key)
         self.tally = tally = tally + 1
         if tally == SETTLE_EVERY:
             self.settle()
@@ -204,13 +212,13 @@ class Again:
             log.exception("counting %d calls answered again", tally)
 
     def _count(self, tally: int) -> None:
-        ready = self.ready
+        counted = self.counted
         self.requests.value += tally
-        ready.lookups.value += tally
+        counted.lookups.value += tally
         self.at_once.value += tally
         self.used_local(tally)
         if self.seen is not None:
-            self.seen(ready.table, ready.seen_hit, tally)  # type: ignore[arg-type]  # (not None)
+            self.seen(counted.table, counted.seen_hit, tally)  # type: ignore[arg-type]  # (not None)
         observe = self.duration.observe
         for spent in self.spent[:tally]:
             observe(spent)

@@ -22,7 +22,7 @@ from typing import Literal
 from proxy import bridge, catalog, idl
 from proxy.cache import locks
 from proxy.cache.engine import CacheEngine
-from proxy.cache.ready import Ready
+from proxy.cache.l1 import Item
 from proxy.catalog import Kind
 from proxy.handler import again
 from proxy.handler.again import Again, Answers
@@ -214,7 +214,7 @@ class CallHandler:
         message: Message,
         write: Callable[[bytes], None],
         repeat: bytes | None = None,
-    ) -> Ready | Literal[True] | None:
+    ) -> Item | Literal[True] | None:
         """Answer a call that is a cache hit needing no await (see
         :meth:`CacheEngine.hit_now`) through ``write``, at once: no task, no coroutine, the
         same reply, metrics and outcome as :meth:`handle` gives it; the hit it answered
@@ -239,7 +239,7 @@ class CallHandler:
             # partitions judged before, without planning it (see proxy.cache.assembled).
             assembled = cache.assembled_now(spec, message, identity, IMMEDIATE_REPLY_BYTES)
             if assembled is None:
-                ready = cache.hit_now(spec, message, identity, IMMEDIATE_REPLY_BYTES, repeat)
+                item = cache.hit_now(spec, message, identity, IMMEDIATE_REPLY_BYTES, repeat)
         except Exception:  # the ordinary way answers it (and reports what went wrong)
             log.debug("%s: no immediate answer to %s", session.peer, header.name, exc_info=True)
             return None
@@ -249,11 +249,11 @@ class CallHandler:
             finally:  # (after the write: the client has the reply meanwhile)
                 cache.count_assembled(assembled)
             return True
-        return self._answer_now(cache, header.seqid, ready, write, started)
+        return self._answer_now(cache, header.seqid, item, write, started)
 
     def serve_repeat_now(
         self, session: SessionState, repeat: bytes, seqid: int, write: Callable[[bytes], None]
-    ) -> Ready | Literal[False] | None:
+    ) -> Item | Literal[False] | None:
         """:meth:`serve_hit_now` for a call known by its bytes but for the seqid (``repeat``,
         see ``framing.call_without_seqid``), without the message: the hit it answered;
         ``None`` if it is known and not a hit to answer at once; ``False`` if the bytes are
@@ -263,46 +263,48 @@ class CallHandler:
             return None
         started = time.perf_counter()
         try:
-            known, ready = cache.repeated_hit(repeat, session.cache_identity, IMMEDIATE_REPLY_BYTES)
+            known, item = cache.repeated_hit(repeat, session.cache_identity, IMMEDIATE_REPLY_BYTES)
         except Exception:
             log.debug("%s: no immediate answer to a repeated call", session.peer, exc_info=True)
             return None
         if not known:
             return False
-        return self._answer_now(cache, seqid, ready, write, started)
+        return self._answer_now(cache, seqid, item, write, started)
 
-    def again(self, ready: Ready, request: bytes, transport: Transport) -> Again | None:
+    def again(self, item: Item, request: bytes, transport: Transport) -> Again | None:
         """What answers ``request`` again, on its connection or any other (its bytes but for
-        the seqid the same), while ``ready``, with which it was just answered, holds (see
-        :class:`.again.Answers`); ``None``: not a
-        call to know that way (see ``binary.seqid_offset``)."""
+        the seqid the same), while the hit on ``item``, with which it was just answered,
+        holds (see :class:`.again.Answers`); ``None``: not a call to know that way (see
+        ``binary.seqid_offset``)."""
         at = seqid_offset(request, transport)
-        if at is None or self.cache is None or ready.answer is None:
+        if at is None or self.cache is None or item.answer is None:
             return None
-        return Again(request, at, transport, ready, self.cache, self.metrics)
+        return Again(request, at, transport, item, self.cache, self.metrics)
 
     def _answer_now(
         self,
         cache: CacheEngine,
         seqid: int,
-        ready: Ready | None,
+        item: Item | None,
         write: Callable[[bytes], None],
         started: float,
-    ) -> Ready | None:
-        if ready is None:
+    ) -> Item | None:
+        if item is None:
             return None
-        if ready.answer is None:
+        counted = item.counted
+        assert counted is not None  # (made when it was judged a hit)
+        if item.answer is None:
             try:
-                ready.answer = again.prepared(ready.reply)
+                item.answer = again.prepared(item.entry.payload)
             except Exception:
-                log.debug("no immediate answer to %s", ready.method, exc_info=True)
+                log.debug("no immediate answer to %s", counted.method, exc_info=True)
                 return None
-        head, rest, outcome = ready.answer
+        head, rest, outcome = item.answer
         try:
-            self._written(ready.method, head + _I32.pack(seqid) + rest, outcome, write, started)
+            self._written(counted.method, head + _I32.pack(seqid) + rest, outcome, write, started)
         finally:  # (after the write: the client has the reply meanwhile)
-            cache.count_now(ready)
-        return ready
+            cache.count_now(item)
+        return item
 
     def _written(
         self,

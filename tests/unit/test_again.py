@@ -14,7 +14,7 @@ import pytest
 
 from proxy import idl
 from proxy.cache.keys import Bump, TableRef
-from proxy.cache.ready import Ready
+from proxy.cache.l1 import Item
 from proxy.config import HostPort
 from proxy.handler import SessionState
 from proxy.handler import again as again_module
@@ -74,11 +74,11 @@ def hits(r: Rig) -> float:
     return r.sample("hmsproxy_cache_lookups_total", method="get_table", result="hit")
 
 
-def the_ready(r: Rig) -> Ready:
+def the_item_answered(r: Rig) -> Item:
     assert r.cache is not None
-    readies = [i.ready for i in r.cache.l1._items.values() if i.ready is not None]
-    assert len(readies) == 1
-    return readies[0]
+    answered = [i for i in r.cache.l1._items.values() if i.answer is not None]
+    assert len(answered) == 1
+    return answered[0]
 
 
 @pytest.mark.parametrize("transport", ["buffered", "framed"])
@@ -213,7 +213,7 @@ async def _evicted(r: Rig) -> None:
 
 
 async def _expired(r: Rig) -> None:
-    the_ready(r).deadline = time.monotonic()
+    the_item_answered(r).expires_at = time.monotonic()
 
 
 CHANGES: dict[str, Callable[[Rig], Awaitable[None]]] = {
@@ -389,9 +389,9 @@ def test_kept_answers_keep_users_apart_none_for_a_pinned_session_and_stay_bounde
                 data = idl.encode_call("get_table", 2, dbname=DB, tbl_name=table)
                 message = whole_message(data, Transport.BUFFERED, 1 << 20)
                 assert message is not None
-                ready = r.handler.serve_hit_now(alice, message, lambda _: None)
-                assert isinstance(ready, Ready)
-                again = r.handler.again(ready, data, Transport.BUFFERED)
+                item = r.handler.serve_hit_now(alice, message, lambda _: None)
+                assert isinstance(item, Item)
+                again = r.handler.again(item, data, Transport.BUFFERED)
                 assert again is not None
                 kept.append((call_without_seqid(data, Transport.BUFFERED), again))
             (t_repeat, t_again), (u_repeat, u_again) = kept
@@ -472,10 +472,12 @@ def test_what_a_connection_keeps_to_answer_again_goes_with_the_in_process_copy()
 
 
 def _bytes_held(again: Any) -> int:
-    """What ``again`` and its Ready hold in bytes and views of bytes."""
-    ready = again.ready
+    """What ``again`` holds in bytes and views of bytes, with the item it answers from
+    while anything keeps that alive (it remembers it weakly)."""
     values = [getattr(again, name) for name in type(again).__slots__]
-    values += [ready.reply, *(ready.answer or ())]
+    item = again.item()
+    if item is not None:
+        values += [item.entry.payload, *(item.answer or ())]
     return sum(len(v) for v in values if isinstance(v, bytes | memoryview))
 
 
@@ -612,9 +614,9 @@ def test_a_kept_answer_asked_since_gets_a_second_chance_over_one_asked_once(
                 found = whole_message(data, Transport.BUFFERED, 1 << 20)
                 repeat = call_without_seqid(data, Transport.BUFFERED)
                 assert found is not None and repeat is not None
-                ready = r.handler.serve_hit_now(session, found, lambda _: None)
-                assert isinstance(ready, Ready)
-                again = r.handler.again(ready, data, Transport.BUFFERED)
+                item = r.handler.serve_hit_now(session, found, lambda _: None)
+                assert isinstance(item, Item)
+                again = r.handler.again(item, data, Transport.BUFFERED)
                 assert again is not None
                 kept[table] = (repeat[0], again, data)
             monkeypatch.setattr(again_module, "KEPT_ANSWERS", 2)

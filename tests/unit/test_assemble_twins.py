@@ -82,7 +82,7 @@ def make_item(rnd: random.Random, n: int, flaws: float) -> Item:
         else:  # never later than anything
             expires, entry_expires = rnd.choice([(math.nan, entry_expires), (expires, math.nan)])
     entry = Entry(b"fp", flags, payload, entry_expires)
-    return Item(f"k{n}", entry, expires, 10, current_under=stamp)
+    return Item(f"k{n}", entry, expires, 10, judged_under=stamp)
 
 
 def make_case(rnd: random.Random, flaws: float) -> Case:
@@ -159,7 +159,7 @@ def test_the_twins_answer_alike(seed: int) -> None:
 def test_a_reply_that_would_be_too_long_is_not_made() -> None:
     items = [Item(f"k{n}", Entry(b"", 0, b"x" * 10, WALL + 9), NOW + 9, 1) for n in range(3)]
     for item in items:
-        item.current_under = GENERATION
+        item.judged_under = GENERATION
     names = [b"b", b"a", b"c"]
     found = {name: weakref.ref(item) for name, item in zip(names, items, strict=True)}
     for twin in (c_answer, py_answer):
@@ -174,13 +174,13 @@ def test_the_c_twin_refuses_what_l1_never_keeps() -> None:
     """Where the types are not L1's (a stamp that is not an int, a flags field that is
     not one), the C twin refuses and the Python way decides: never a reply the twin would
     not give."""
-    item = Item("k", Entry(b"", 0, b"x", WALL + 9), NOW + 9, 1, current_under=GENERATION)
+    item = Item("k", Entry(b"", 0, b"x", WALL + 9), NOW + 9, 1, judged_under=GENERATION)
     found = {b"a": weakref.ref(item)}
     args = (found, [b"a"], GENERATION, NOW, WALL, b"", b"", b"", 1 << 20)
     assert c_answer(*args) == (b"\x00\x00\x00\x01x", True)
-    item.current_under = float(GENERATION)  # type: ignore[assignment]
+    item.judged_under = float(GENERATION)  # type: ignore[assignment]
     assert c_answer(*args) is None
-    item.current_under = GENERATION
+    item.judged_under = GENERATION
     item.entry = Entry(b"", 0.0, b"x", WALL + 9)  # type: ignore[arg-type]
     assert c_answer(*args) is None
 
@@ -189,7 +189,7 @@ def test_configure_refuses_a_class_without_slots() -> None:
     from proxy.cache import _assemble
 
     class Plain:
-        current_under = 0
+        judged_under = 0
 
     with pytest.raises((TypeError, AttributeError)):
         _assemble.configure(Plain, Entry, ABSENT)

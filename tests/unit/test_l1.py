@@ -84,11 +84,11 @@ def test_a_stamp_never_stands_on_an_item_let_go() -> None:
     (item,) = items(l1, "k0")
     l1.pop("k0")
     item.stamp(7)
-    assert item.current_under == RETIRED
+    assert item.judged_under == RETIRED
     assert not l1_module.judged([item], 7, time.monotonic(), time.time())
     (kept,) = items(l1, "k1")
     l1.put("k1", entry(), 60)  # kept anew: the old item is retired, the new one unstamped
-    assert kept.current_under == RETIRED and items(l1, "k1")[0] is not kept
+    assert kept.judged_under == RETIRED and items(l1, "k1")[0] is not kept
 
 
 @pytest.mark.parametrize("why", ["another generation", "twice", "expired", "entry expired"])
@@ -112,9 +112,9 @@ def test_an_item_evicted_or_cleared_is_retired() -> None:
     l1 = filled(4)
     (old,) = judged(l1, "k0")
     l1.put("k4", entry(), 60)  # k0 (not marked used) goes
-    assert not held(l1, "k0") and old.current_under == RETIRED
+    assert not held(l1, "k0") and old.judged_under == RETIRED
     old.stamp(7)
     assert not l1_module.judged([old], 7, time.monotonic(), time.time())
     kept = judged(l1, "k1", "k2")
     l1.clear()
-    assert l1.bytes == 0 and all(item.current_under == RETIRED for item in kept)
+    assert l1.bytes == 0 and all(item.judged_under == RETIRED for item in kept)

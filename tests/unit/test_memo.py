@@ -238,7 +238,7 @@ def test_every_memo_is_on_metrics_with_the_bytes_it_counts() -> None:
 
 def test_hits_answered_at_once_charge_what_they_keep_to_the_in_process_copy() -> None:
     # A hit answered at once keeps its judgement and its prepared reply with the entry's
-    # in-process copy (proxy.cache.ready): counted in the front's bytes, or a client naming
+    # in-process copy (proxy.cache.l1.Item): counted in the front's bytes, or a client naming
     # many small tables could make the front hold several times its budget.
     import gc
     import tracemalloc
@@ -368,7 +368,7 @@ def test_answers_kept_for_every_connection_count_what_they_hold() -> None:
     import gc
     import tracemalloc
 
-    from proxy.cache.ready import Ready
+    from proxy.cache.l1 import Item
     from proxy.handler import SessionState
     from proxy.wire.framing import Transport, call_without_seqid, whole_message
     from tests.unit.inprocess import rig
@@ -386,17 +386,17 @@ def test_answers_kept_for_every_connection_count_what_they_hold() -> None:
                 found = whole_message(data, Transport.BUFFERED, 1 << 20)
                 repeat = call_without_seqid(data, Transport.BUFFERED)
                 assert found is not None and repeat is not None
-                ready = r.handler.serve_hit_now(shared, found, lambda reply: None)
-                assert isinstance(ready, Ready)
-                made.append((data, repeat[0], ready))
+                item = r.handler.serve_hit_now(shared, found, lambda reply: None)
+                assert isinstance(item, Item)
+                made.append((data, repeat[0], item))
             gc.collect()
             tracemalloc.start()
             before = tracemalloc.take_snapshot()
-            for data, repeat, ready in made:
-                again = r.handler.again(ready, data, Transport.BUFFERED)
+            for data, repeat, item in made:
+                again = r.handler.again(item, data, Transport.BUFFERED)
                 assert again is not None
                 answers.keep(shared, repeat, again)
-            del again, data, repeat, ready
+            del again, data, repeat, item
             gc.collect()
             after = tracemalloc.take_snapshot()
             tracemalloc.stop()

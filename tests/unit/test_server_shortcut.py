@@ -20,7 +20,7 @@ import pytest
 from proxy import catalog, client_session, idl
 from proxy.cache import locks
 from proxy.cache.keys import Bump, TableRef, partition_field
-from proxy.cache.ready import Ready
+from proxy.cache.l1 import Item
 from proxy.cache.store import MemoryStore
 from proxy.handler import SessionState, dispatch
 from proxy.handler.session import ClientGone
@@ -344,7 +344,7 @@ def test_a_repeated_call_is_known_by_its_bytes_and_per_user_caches_keep_users_ap
             assert r.handler.serve_hit_now(alice, message, out.append, repeat[0])
             again = call_without_seqid(get_table(9), Transport.BUFFERED)
             assert again is not None and again[0] == repeat[0]
-            assert isinstance(r.handler.serve_repeat_now(alice, *again, out.append), Ready)
+            assert isinstance(r.handler.serve_repeat_now(alice, *again, out.append), Item)
             assert out == [
                 r.hms.answer("get_table", seqid, dbname=DB, tbl_name=T) for seqid in (2, 9)
             ]
@@ -395,14 +395,14 @@ def test_a_hit_answered_at_once_is_counted_once_its_reply_is_written(
             message = whole_message(get_table(2), Transport.BUFFERED, 1 << 20)
             repeat = call_without_seqid(get_table(2), Transport.BUFFERED)
             assert message is not None and repeat is not None
-            assert isinstance(r.handler.serve_hit_now(session, message, write, repeat[0]), Ready)
+            assert isinstance(r.handler.serve_hit_now(session, message, write, repeat[0]), Item)
             assert at_write == [before]
             assert counts() == (before[0] + 1, before[1] + 1, before[2] + 1)
             # Known by its bytes the next time: the same.
             again = call_without_seqid(get_table(3), Transport.BUFFERED)
             assert again is not None
             before = counts()
-            assert isinstance(r.handler.serve_repeat_now(session, *again, write), Ready)
+            assert isinstance(r.handler.serve_repeat_now(session, *again, write), Item)
             assert at_write[1] == before
             assert counts() == (before[0] + 1, before[1] + 1, before[2] + 1)
 
@@ -510,7 +510,7 @@ def test_a_bug_after_a_reply_written_at_once_keeps_the_connection(
             client = await connect(r, port)
             await client.call(get_table(1))  # cached
 
-            def bug(ready: Ready) -> None:
+            def bug(item: Item) -> None:
                 raise KeyError("a bug in counting")
 
             monkeypatch.setattr(r.cache, "count_now", bug)
