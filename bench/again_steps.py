@@ -16,10 +16,10 @@ nothing (a Python call's own cost, cold). p50 us.
 
 Then the same call answered at once as a connection's first (Trino opens one per call):
 known by its bytes but for the seqid (``call_without_seqid``, then
-``CallHandler.serve_repeat_now``), timed to the moment its reply is handed to the write
+``CallHandler.serve_known_now``), timed to the moment its reply is handed to the write
 (what the client waits for) and to the end of the whole call (the counting after it too);
 and as a connection's first call is answered since the answer is kept for every
-connection (``Answers.get``, then ``Again.answer``; the counting comes later).
+connection (``KnownCalls.get``, then ``Again.answer``; the counting comes later).
 """
 
 from __future__ import annotations
@@ -173,11 +173,13 @@ async def at_once(r: Rig, session: SessionState, evicted: bytearray, runs: int) 
     known, whole_call = call_without_seqid(request, Transport.BUFFERED), message(request)
     assert known is not None  # (remembered by its bytes from now on)
     item = handler.serve_hit_now(session, whole_call, [].append, known[0])
-    assert isinstance(item, Item) and handler.answers is not None
+    calls = handler.known
+    assert isinstance(item, Item) and calls is not None
     item.expires_at = float("inf")  # (cold runs are slow: nothing may expire meanwhile)
     kept = handler.again(item, request, Transport.BUFFERED)
-    assert kept is not None
-    handler.answers.keep(session, known[0], kept)
+    call = calls.get(session, known[0])
+    assert kept is not None and call is not None
+    calls.answer_with(call, kept)
     transport = CountingTransport()
 
     def write(reply: bytes) -> None:
@@ -193,7 +195,9 @@ async def at_once(r: Rig, session: SessionState, evicted: bytearray, runs: int) 
             started = time.perf_counter()
             repeat = call_without_seqid(data, Transport.BUFFERED)
             assert repeat is not None
-            hit = handler.serve_repeat_now(session, *repeat, write)
+            found = calls.get(session, repeat[0])
+            assert found is not None
+            hit = handler.serve_known_now(found, repeat[1], write)
             ended = time.perf_counter()
             assert isinstance(hit, Item) and len(written) == 1
             to_write.append(written[0] - started)
@@ -201,7 +205,7 @@ async def at_once(r: Rig, session: SessionState, evicted: bytearray, runs: int) 
         p50s["to its write"].append(statistics.median(to_write) * 1e6)
         p50s["the whole call"].append(statistics.median(whole) * 1e6)
         # The way a connection's first call takes since the answers are kept for every
-        # connection (proxy.handler.again.Answers): its bytes, the kept answer, its write.
+        # connection (proxy.handler.known_calls): its bytes, the kept answer, its write.
         whole = []
         for _ in range(runs if cold else runs * 20):
             if cold:
@@ -210,7 +214,8 @@ async def at_once(r: Rig, session: SessionState, evicted: bytearray, runs: int) 
             started = time.perf_counter()
             repeat = call_without_seqid(data, Transport.BUFFERED)
             assert repeat is not None
-            again = handler.answers.get(session, repeat[0])
+            found = calls.get(session, repeat[0])
+            again = found.again if found is not None else None
             assert again is not None and again.answer(data, transport)
             whole.append(time.perf_counter() - started)
         p50s["the whole call, by the answer kept for it"].append(statistics.median(whole) * 1e6)

@@ -106,7 +106,7 @@ class Proxy:
                 "redis_commands": encoded_footprint(),
                 "set_ugi_replies": pool.ugi_replies_footprint(),
                 **(cache.memos() if cache is not None else {}),
-                **({"answers": handler.answers.footprint} if handler.answers is not None else {}),
+                **({"known_calls": handler.known.footprint} if handler.known is not None else {}),
             }
         )
         proxy = cls(

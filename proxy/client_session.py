@@ -154,36 +154,42 @@ class ClientSession:
 
     def _answer_looked_up(self, data: bytes, stream: asyncio.WriteTransport) -> bool:
         handler = self.server.handler
-        answers = handler.answers
+        known_calls = handler.known
         transport = self.client.transport
-        if answers is None:  # nothing is a hit: a call only forwarded may go at once
+        write = self.client.write_at_once
+        if known_calls is None:  # nothing is a hit: a call only forwarded may go at once
             return self._forward_now(data, None)
         # A call made before, on any connection, byte for byte but for the seqid, is known
         # without finding its end or decoding it (the same bytes were one whole message then),
-        # and answered again as it was, if it still may be (see proxy.handler.again).
+        # and answered again as it was, if it still may be (see proxy.handler.known_calls).
         repeat = call_without_seqid(data, transport)
         hit: Item | bool | None = False
         message: Message | None = None
-        kept = None
+        known = None
         if repeat is not None:
-            kept = answers.get(self.state, repeat[0])
-            if kept is not None and kept is not self.again and kept.answer(data, stream):
-                self.keep_again(kept)
-                return True
-            hit = handler.serve_repeat_now(self.state, *repeat, self.client.write_at_once)
+            known = known_calls.get(self.state, repeat[0])
+            if known is not None:
+                again = known.again
+                if again is not None and again is not self.again and again.answer(data, stream):
+                    self.keep_again(again)
+                    return True
+                hit = handler.serve_known_now(known, repeat[1], write)
         if hit is False:  # not known by its bytes (None: known, and not answered at once)
             message = whole_message(data, transport, self.options.max_request_bytes)
             if message is None:
                 return False
-            known = repeat[0] if repeat is not None else None
-            hit = handler.serve_hit_now(self.state, message, self.client.write_at_once, known)
+            bytes_known = repeat[0] if repeat is not None else None
+            hit = handler.serve_hit_now(self.state, message, write, bytes_known)
+            if bytes_known is not None and isinstance(hit, Item):
+                known = known_calls.get(self.state, bytes_known)  # (kept with its plan)
         if isinstance(hit, Item):
-            if repeat is not None and (kept is None or not kept.answers_from(hit)):
+            again = known.again if known is not None else None
+            if known is not None and (again is None or not again.answers_from(hit)):
                 # (once per hit judged, not per call: ~5 us; git log -p docs/benchmarks.md)
-                kept = handler.again(hit, data, transport)
-                if kept is not None:
-                    answers.keep(self.state, repeat[0], kept)
-            self.keep_again(kept)
+                again = handler.again(hit, data, transport)
+                if again is not None:
+                    known_calls.answer_with(known, again)
+            self.keep_again(again)
             return True
         self.keep_again(None)
         if hit is True:  # assembled from partitions, nothing to keep

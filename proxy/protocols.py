@@ -1,7 +1,7 @@
 """A client connection's protocols: what runs as its bytes arrive, before any task.
 
 A connection the listener accepts starts with :class:`TasklessProtocol`: no session, no
-streams, no task. A call the answer kept for it answers (proxy.handler.again.Answers) is
+streams, no task. A call the answer kept for it answers (proxy.handler.known_calls) is
 answered with no session at all (:func:`answered_before_a_session`); the first that is not
 gets the connection its session. A request that arrives whole and is a cache hit needing no
 await, or a call only forwarded, is answered from its ``data_received``
@@ -69,14 +69,14 @@ def answered_at_once(
 
 def answered_before_a_session(protocol: TasklessProtocol, data: bytes) -> bool:
     """Answer ``data``, on a connection with no session yet, with the answer kept for the
-    same call (:class:`proxy.handler.again.Answers`), if it still holds; ``False``: nothing
+    same call (:class:`proxy.handler.known_calls.KnownCalls`), if it still holds; ``False``: nothing
     was done with it. Trino's connections ask one call each: most are answered and closed
     with no session made at all (its objects, made and ended, cost ~4 us of such a call,
     git log -p docs/benchmarks.md). A connection with no session has said nothing before:
     no identity, no connection of its own to the metastore."""
     server, transport = protocol.server, protocol.transport
-    answers = server.handler.answers
-    if answers is None or server.stopping or transport is None:
+    known_calls = server.handler.known
+    if known_calls is None or server.stopping or transport is None:
         return False
     try:
         # The call it answered last, asked again (compared in place), first: an engine's
@@ -84,7 +84,8 @@ def answered_before_a_session(protocol: TasklessProtocol, data: bytes) -> bool:
         again = protocol.again
         if again is None or not again.answer(data, transport):
             repeat = call_without_seqid(data, server.options.client_transport)
-            again = answers.first(repeat[0]) if repeat is not None else None
+            known = known_calls.first(repeat[0]) if repeat is not None else None
+            again = known.again if known is not None else None
             if again is None or not again.answer(data, transport):
                 return False
             protocol.again = again

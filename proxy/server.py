@@ -362,8 +362,8 @@ class ThriftServer:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         await asyncio.gather(*starting, return_exceptions=True)
-        if self.handler.answers is not None:  # (the answers kept, not counted yet)
-            self.handler.answers.settle()
+        if self.handler.known is not None:  # (the answers kept, not counted yet)
+            self.handler.known.settle()
         if self._server is not None:
             await self._server.wait_closed()
 

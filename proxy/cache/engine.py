@@ -50,9 +50,6 @@ __all__ = ["MAX_PENDING", "CacheEngine", "Result", "Verdict", "WriteIntent"]
 # Memory for plans, whatever clients send (see proxy.memo).
 PLAN_ENTRIES = 20_000
 PLAN_BYTES = 32 << 20
-# Plans of calls known by their bytes but for the seqid (see hit_now): the hottest ones.
-REPEAT_ENTRIES = 4_096
-REPEAT_PLAN_BYTES = 8 << 20
 
 
 class Activity(Seen, Changes, Protocol):
@@ -135,9 +132,6 @@ class CacheEngine:
         self.freshness = Sampler()
         # Plans by a digest of the request (not its bytes: a client decides how big those are).
         self._plans: BoundedMemo[bytes, ReadPlan | None] = BoundedMemo(PLAN_ENTRIES, PLAN_BYTES)
-        self._repeats: BoundedMemo[tuple[bytes | None, bytes], ReadPlan] = BoundedMemo(
-            REPEAT_ENTRIES, REPEAT_PLAN_BYTES
-        )
         # The write side, as the request path, the follower and the admin service call it.
         self.expand = self.invalidations.expand
         self.begin_write = self.invalidations.begin
@@ -206,28 +200,14 @@ class CacheEngine:
         # Assembly off (the metastore was seen out of name order): cached whole instead.
         return await self.whole.read(plan, call)
 
-    def hit_now(
-        self,
-        spec: MethodSpec,
-        message: Message,
-        identity: bytes | None,
-        largest: int,
-        repeat: bytes | None = None,
-    ) -> Item | None:
-        """The hit (its reply at most ``largest`` bytes) to serve for a cacheable read on a
-        shared connection, if it is one that needs no await (see :meth:`WholeReads.hit_now`),
-        to count with :meth:`count_now` once written; ``None``: take :meth:`read`, which
-        decides again (nothing was counted). ``repeat``:
-        the call's bytes but for its seqid (``framing.call_without_seqid``); its plan is then
-        remembered by them, for :meth:`repeated_hit`."""
-        plan = self.plan_read(spec, message, identity)
-        if plan is None:
-            return None
-        if repeat is not None:
-            who = identity if self.planner.per_user else None
-            size = len(repeat) + len(who or b"") + plan.approx_size()  # (set_ugi's args)
-            self._repeats.put((who, repeat), plan, size)
-        return self.hit_by_plan(plan, largest)
+    def hit_now(self, plan: ReadPlan, largest: int) -> Item | None:
+        """The hit (its reply at most ``largest`` bytes) to serve for ``plan`` on a shared
+        connection, if it is one that needs no await (see :meth:`WholeReads.hit_now`), to
+        count with :meth:`count_now` once written; ``None``: take :meth:`read`, which
+        decides again (nothing was counted)."""
+        if plan.partitions is not None and self.partitions.assemble:
+            return self.partitions.hit_now(plan, largest)
+        return self.whole.hit_now(plan, largest)
 
     def assembled_now(
         self, spec: MethodSpec, message: Message, identity: bytes | None, largest: int
@@ -246,25 +226,8 @@ class CacheEngine:
         self.partitions.count_assembled(hit)
 
     def count_now(self, item: Item) -> None:
-        """Count a hit :meth:`hit_now` or :meth:`repeated_hit` gave, once written."""
+        """Count a hit :meth:`hit_now` gave, once written."""
         self.whole.count_now(item)
-
-    def repeated_hit(
-        self, repeat: bytes, identity: bytes | None, largest: int
-    ) -> tuple[bool, Item | None]:
-        """:meth:`hit_now` for a call known by its bytes but for the seqid: (known, the hit
-        or ``None``). Not known: ask :meth:`hit_now` with the message (the same bytes were a
-        whole message with a plan, so they are again: no scan, no decode, no digest
-        here)."""
-        plan = self._repeats.get((identity if self.planner.per_user else None, repeat))
-        if plan is None:
-            return False, None
-        return True, self.hit_by_plan(plan, largest)
-
-    def hit_by_plan(self, plan: ReadPlan, largest: int) -> Item | None:
-        if plan.partitions is not None and self.partitions.assemble:
-            return self.partitions.hit_now(plan, largest)
-        return self.whole.hit_now(plan, largest)
 
     # -- the whole cache -------------------------------------------------------------------
 
@@ -281,7 +244,6 @@ class CacheEngine:
     def _plans_footprint(self) -> Footprint:
         memos = footprint_of(
             self._plans,
-            self._repeats,
             self.partitions.assembled_once,
             self.partitions.variants.memo,
         )

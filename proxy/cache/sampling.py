@@ -2,7 +2,7 @@
 
 The check wants one hit at a time, at most ``--freshness-check-rate`` a second. While it
 wants one (:attr:`Sampler.want`), the hits that need no await decline
-(``CallHandler.serve_hit_now`` and ``serve_repeat_now``, the answers kept to answer again:
+(``CallHandler.serve_hit_now`` and ``serve_known_now``, the answers kept to answer again:
 ``proxy.handler.again``), so the next hit takes the ordinary way (``CallHandler.handle``),
 and there the first read the cache answers is recorded (``proxy.handler.reads``): its call,
 the reply it was sent, and how to tell later whether that reply still stood. Every hit

@@ -3,10 +3,11 @@
 Engines ask the same thing again and again on one connection (Spark's ``get_table`` while
 it plans a query, a pooled connection's look-ups of one table), or on a new connection each
 time (Trino). A call answered at once (see :meth:`.dispatch.CallHandler.serve_hit_now`) is
-kept as an :class:`Again`, by its connection and for every connection (:class:`Answers`):
-the next request is compared with it in place, its bytes but for the seqid,
-and answered while the hit that answered it holds (:func:`proxy.cache.l1.stands`, and no
-invalidation pending), with the reply's parts its in-process copy prepared once.
+kept as an :class:`Again`, by its connection and for every connection (with the call in
+:class:`proxy.handler.known_calls.KnownCalls`): the next request is compared with it in
+place, its bytes but for the seqid, and answered while the hit that answered it holds
+(:func:`proxy.cache.l1.stands`, and no invalidation pending), with the reply's parts its
+in-process copy prepared once.
 
 Why it pays: otherwise a call is found by its copied bytes in a memo, then its plan, then
 its entry, through a dozen Python calls. Warm, that is a few microseconds; but on a machine
@@ -18,9 +19,9 @@ The session drops its :class:`Again` as soon as a call takes another way: that c
 change what this connection would be answered (``set_ugi``, a pinned connection).
 
 An answer is counted later, with the others of its :class:`Again` (:meth:`Again.settle`):
-every :data:`SETTLE_EVERY` answers, when it is no longer kept (:class:`Answers`) and a
-session drops it (another call, the connection's end, the proxy stopping), when
-:class:`Answers` lets it go, and before the metrics, the status page or the admin
+every :data:`SETTLE_EVERY` answers, when it is no longer kept with its call and a session
+drops it (another call, the connection's end, the proxy stopping), when the table of known
+calls lets it go, and before the metrics, the status page or the admin
 ``Stats`` are read (``Metrics.settle``), so a scrape includes every call answered before
 it. The entry's LRU place is kept at the first answer of each such batch: an entry
 answered only this way is as recent as that answer, at most 63 answers old. Counted one
@@ -43,7 +44,7 @@ from array import array
 from proxy.cache.engine import CacheEngine
 from proxy.cache.entry import Payload
 from proxy.cache.l1 import Item, stands
-from proxy.handler.session import ClientGone, SessionState
+from proxy.handler.session import ClientGone
 from proxy.metrics import Metrics
 from proxy.upstream import result_outcome
 from proxy.wire.binary import reseq
@@ -59,13 +60,6 @@ JOIN_BELOW = 16 * 1024
 # Answers counted together (see the module's docstring). Kept under 257: CPython's small
 # ints, so counting to it allocates nothing.
 SETTLE_EVERY = 64
-
-# Calls kept to be answered again on any connection (see Answers), and what one costs beyond
-# the bytes of its request (kept twice: its key, and the parts it compares), the object, its
-# list of times, its place in the dict.
-KEPT_ANSWERS = 1024
-KEPT_ANSWER_BYTES = 4 << 20
-ANSWER_OVERHEAD = 1536  # (measured: ~1,050 bytes, tests/unit/test_memo.py)
 
 
 def prepared(reply: Payload) -> tuple[bytes, Payload, str]:
@@ -142,8 +136,8 @@ class Again:
         seen = cache.whole.seen
         self.seen = seen.looked_up if seen is not None and counted.table is not None else None
         self.touch = cache.l1.touch
-        self.kept = False  # by Answers, which counts its answers (see keep)
-        self.asked = False  # answered since Answers kept it, or last passed it over
+        self.kept = False  # with its call in KnownCalls, which counts its answers then
+        self.asked = False  # answered since KnownCalls kept it, or last passed it over
         # Answers not counted yet, and how long each took (see settle).
         self.tally = 0
         self.spent = array("d", bytes(8 * SETTLE_EVERY))  # (unboxed: no float objects kept)
@@ -222,78 +216,3 @@ class Again:
         observe = self.duration.observe
         for spent in self.spent[:tally]:
             observe(spent)
-
-
-class Answers:
-    """The :class:`Again` of each call answered at once lately, by the call's bytes but for
-    its seqid (and, when the cache is per user, whose entries it read), for any connection
-    to answer it again with. Trino opens a connection per call: a connection's own Again
-    would never be asked again, and each first call took the way through the memo of
-    requests, the plan and the entry (~10 us of Python a call in a busy process, against
-    ~3 this way: git log -p docs/benchmarks.md). At most :data:`KEPT_ANSWERS` calls and
-    :data:`KEPT_ANSWER_BYTES`: the oldest kept goes first, its answers counted, unless it was
-    answered since it was kept or last passed over (a second chance, at the back: calls
-    asked once do not push out those asked all the time). A connection with its own
-    metastore connection (pinned) reads none: its calls are never answered at once."""
-
-    def __init__(self, per_user: bool) -> None:
-        self.per_user = per_user
-        self._kept: dict[tuple[bytes | None, bytes], Again] = {}
-        self.bytes = 0
-
-    def _key(self, session: SessionState, repeat: bytes) -> tuple[bytes | None, bytes]:
-        return (session.cache_identity if self.per_user else None, repeat)
-
-    def get(self, session: SessionState, repeat: bytes) -> Again | None:
-        """The Again kept for ``repeat`` (see framing.call_without_seqid) as ``session`` would
-        read it; ``None``: none kept, or not for this session."""
-        if session.pinned is not None:
-            return None
-        return self._kept.get(self._key(session, repeat))
-
-    def first(self, repeat: bytes) -> Again | None:
-        """:meth:`get` for a connection that has said nothing before (no identity, no
-        connection of its own to the metastore)."""
-        return self._kept.get((None, repeat))
-
-    def keep(self, session: SessionState, repeat: bytes, again: Again) -> None:
-        """Keep ``again`` for ``repeat``, in place of the one kept before (counted first)."""
-        key = self._key(session, repeat)
-        kept = self._kept
-        before = kept.pop(key, None)
-        if before is not None:
-            self._drop(before)
-        cost = 2 * again.length + ANSWER_OVERHEAD
-        while kept and (len(kept) >= KEPT_ANSWERS or self.bytes + cost > KEPT_ANSWER_BYTES):
-            self._let_one_go()
-        kept[key] = again
-        again.kept = True
-        self.bytes += cost
-
-    def _let_one_go(self) -> None:
-        """The oldest kept not answered since it was kept or last passed over goes; those
-        passed over go to the back (if every one was answered, the oldest goes)."""
-        kept = self._kept
-        for _ in range(len(kept)):
-            key = next(iter(kept))
-            again = kept[key]
-            if not again.asked:
-                break
-            again.asked = False
-            del kept[key]
-            kept[key] = again
-        self._drop(kept.pop(next(iter(kept))))
-
-    def _drop(self, again: Again) -> None:
-        again.kept = False
-        again.settle()
-        self.bytes -= 2 * again.length + ANSWER_OVERHEAD
-
-    def settle(self) -> None:
-        """Count every answer not counted yet (see :meth:`Again.settle`)."""
-        for again in self._kept.values():
-            again.settle()
-
-    def footprint(self) -> tuple[int, int]:
-        """(calls kept, their bytes) for /metrics (hmsproxy_memo_bytes)."""
-        return len(self._kept), self.bytes

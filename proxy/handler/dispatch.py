@@ -25,10 +25,11 @@ from proxy.cache.engine import CacheEngine
 from proxy.cache.l1 import Item
 from proxy.catalog import Kind
 from proxy.handler import again
-from proxy.handler.again import Again, Answers
+from proxy.handler.again import Again
 from proxy.handler.flight import Flight
 from proxy.handler.forward import Forwarder, Sent, fail, upstream_request
 from proxy.handler.identity import Identities
+from proxy.handler.known_calls import KnownCall, KnownCalls
 from proxy.handler.reads import cached_read
 from proxy.handler.session import ClientGone, NoReply, SessionState
 from proxy.handler.writes import Writes
@@ -67,10 +68,10 @@ class CallHandler:
         self.forwarder = Forwarder(pool, metrics, pool.timeouts, keep_limit)
         self.identities = Identities(pool, self.forwarder)
         self._plain: dict[str, bool] = {}  # see forwards_plainly
-        # Calls answered at once, kept for any connection to answer again (see Answers).
-        self.answers = Answers(cache.planner.per_user) if cache is not None else None
-        if self.answers is not None:
-            metrics.settle_with(self.answers.settle)
+        # Calls known by their bytes, with their plans and what answers them again.
+        self.known = KnownCalls(cache.planner.per_user) if cache is not None else None
+        if self.known is not None:
+            metrics.settle_with(self.known.settle)
         self.writes = (
             Writes(cache, self.forwarder, pool, check_iceberg_base=check_iceberg_base)
             if cache is not None
@@ -221,11 +222,16 @@ class CallHandler:
         (``True``: a reply assembled from partitions, nothing to answer again from).
         ``None``: nothing was written or counted; the call takes :meth:`handle`. ``write``
         raises ConnectionError when the client is gone (then ClientGone, counted as
-        :meth:`handle` counts it). ``repeat``: the call's bytes but for its seqid, by which
-        :meth:`serve_repeat_now` will know it."""
-        cache = self.cache
+        :meth:`handle` counts it). ``repeat``: the call's bytes but for its seqid: its plan
+        is kept by them (:class:`.known_calls.KnownCalls`), for :meth:`serve_known_now`."""
+        cache, known = self.cache, self.known
         header = message.header
-        if cache is None or header.type != MessageType.CALL or session.pinned is not None:
+        if (
+            cache is None
+            or known is None
+            or header.type != MessageType.CALL
+            or session.pinned is not None
+        ):
             return None
         if cache.freshness.want:  # the ordinary way records it for the freshness check
             return None
@@ -234,12 +240,17 @@ class CallHandler:
             return None
         started = time.perf_counter()
         identity = session.cache_identity
+        item = None
         try:
             # A request for partitions never asked in this combination: assembled from
             # partitions judged before, without planning it (see proxy.cache.assembled).
             assembled = cache.assembled_now(spec, message, identity, IMMEDIATE_REPLY_BYTES)
             if assembled is None:
-                item = cache.hit_now(spec, message, identity, IMMEDIATE_REPLY_BYTES, repeat)
+                plan = cache.plan_read(spec, message, identity)
+                if plan is not None:
+                    if repeat is not None:
+                        known.learn(session, repeat, plan)
+                    item = cache.hit_now(plan, IMMEDIATE_REPLY_BYTES)
         except Exception:  # the ordinary way answers it (and reports what went wrong)
             log.debug("%s: no immediate answer to %s", session.peer, header.name, exc_info=True)
             return None
@@ -251,30 +262,28 @@ class CallHandler:
             return True
         return self._answer_now(cache, header.seqid, item, write, started)
 
-    def serve_repeat_now(
-        self, session: SessionState, repeat: bytes, seqid: int, write: Callable[[bytes], None]
-    ) -> Item | Literal[False] | None:
-        """:meth:`serve_hit_now` for a call known by its bytes but for the seqid (``repeat``,
-        see ``framing.call_without_seqid``), without the message: the hit it answered;
-        ``None`` if it is known and not a hit to answer at once; ``False`` if the bytes are
-        not known (then ask :meth:`serve_hit_now`)."""
+    def serve_known_now(
+        self, call: KnownCall, seqid: int, write: Callable[[bytes], None]
+    ) -> Item | None:
+        """:meth:`serve_hit_now` for a call known by its bytes but for the seqid, kept with
+        its plan (:meth:`.known_calls.KnownCalls.get` found it for the session): no scan,
+        no decode, no digest. ``None``: not a hit to answer at once."""
         cache = self.cache
-        if cache is None or session.pinned is not None or cache.freshness.want:
+        if cache is None or cache.freshness.want:
             return None
         started = time.perf_counter()
+        call.asked = True
         try:
-            known, item = cache.repeated_hit(repeat, session.cache_identity, IMMEDIATE_REPLY_BYTES)
+            item = cache.hit_now(call.plan, IMMEDIATE_REPLY_BYTES)
         except Exception:
-            log.debug("%s: no immediate answer to a repeated call", session.peer, exc_info=True)
+            log.debug("no immediate answer to a known call", exc_info=True)
             return None
-        if not known:
-            return False
         return self._answer_now(cache, seqid, item, write, started)
 
     def again(self, item: Item, request: bytes, transport: Transport) -> Again | None:
         """What answers ``request`` again, on its connection or any other (its bytes but for
         the seqid the same), while the hit on ``item``, with which it was just answered,
-        holds (see :class:`.again.Answers`); ``None``: not a call to know that way (see
+        holds (see :class:`.known_calls.KnownCalls`); ``None``: not a call to know that way (see
         ``binary.seqid_offset``)."""
         at = seqid_offset(request, transport)
         if at is None or self.cache is None or item.answer is None:

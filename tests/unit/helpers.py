@@ -9,7 +9,7 @@ from one another.
   and to its server fed on fake transports (test_assembled, test_server_shortcut,
   test_flight, test_again, test_taskless): ``DB``/``T``, ``by_names``, ``Asked``,
   ``listening``/``serving``, the socket ``Client``, ``connect``, ``call_once``,
-  ``get_table``, ``answer_of``, ``at_once``, ``session_tasks``, ``fed``;
+  ``get_table``, ``answer_of``, ``at_once``, ``session_tasks``, ``fed``, ``answered_now``;
 * changes under a cached answer and the counts after it (test_again): ``_lock``, ``_flush``,
   ``_untrusted``, ``_pending``, ``_counted``, ``_until``; a metrics-port GET (test_http);
 * SASL over a scripted GSS context (test_sasl, test_sasl_edges): ``ScriptedContext``,
@@ -35,12 +35,14 @@ from proxy.cache.plan import Bump
 from proxy.cache.planner import Planner, Ttls
 from proxy.cache.store import CacheUnavailable, MemoryStore
 from proxy.handler import SessionState
+from proxy.handler.again import Again
+from proxy.handler.known_calls import KnownCall
 from proxy.metrics import Metrics
 from proxy.sasl.layer import Qop
 from proxy.sasl.server import SaslAcceptor
 from proxy.server import ThriftServer
 from proxy.wire.binary import MessageType, encode_header, parse_header
-from proxy.wire.framing import Message, Transport, whole_message
+from proxy.wire.framing import Message, Transport, call_without_seqid, whole_message
 from tests.thrift_values import LIST, STRING, STRUCT, Value, encode
 from tests.unit.fake_transport import FakeConnection
 from tests.unit.inprocess import Client as Channel
@@ -297,6 +299,21 @@ async def fed(
 def at_once(r: Rig) -> float:
     """The cache hits answered with no task, from a socket callback, so far (settled)."""
     return r.sample("hmsproxy_cache_hits_at_once_total")
+
+
+def answered_now(r: Rig, session: SessionState, data: bytes) -> tuple[KnownCall, Again]:
+    """Answer ``data`` (a buffered call) at once for ``session``, as a connection's first
+    such call is (its plan kept by its bytes): the call kept, and a new Again to answer it
+    again with (not kept with it yet: ``r.handler.known.answer_with``)."""
+    found = whole_message(data, Transport.BUFFERED, 1 << 20)
+    repeat = call_without_seqid(data, Transport.BUFFERED)
+    assert found is not None and repeat is not None and r.handler.known is not None
+    item = r.handler.serve_hit_now(session, found, lambda reply: None, repeat[0])
+    assert item is not None and item is not True, "not a hit to answer at once"
+    known = r.handler.known.get(session, repeat[0])
+    again = r.handler.again(item, data, Transport.BUFFERED)
+    assert known is not None and again is not None
+    return known, again
 
 
 def session_tasks() -> int:

@@ -16,14 +16,13 @@ from proxy import idl
 from proxy.cache.keys import Bump, TableRef
 from proxy.cache.l1 import Item
 from proxy.config import HostPort
-from proxy.handler import SessionState
-from proxy.handler import again as again_module
+from proxy.handler import SessionState, known_calls
 from proxy.handler.again import JOIN_BELOW, SETTLE_EVERY
 from proxy.http import MetricsServer
 from proxy.server import ThriftServer
 from proxy.status import Activity
 from proxy.wire.binary import REPEAT_BYTES
-from proxy.wire.framing import Transport, call_without_seqid, whole_message
+from proxy.wire.framing import Transport, call_without_seqid
 from tests.rig.raw import seqid_of
 from tests.unit.helpers import (
     DB,
@@ -36,6 +35,7 @@ from tests.unit.helpers import (
     _pending,
     _until,
     _untrusted,
+    answered_now,
     at_once,
     call_once,
     connect,
@@ -161,8 +161,8 @@ def test_an_engines_by_names_request_is_answered_again_by_its_bytes() -> None:
 
                     size = len(request(1))
                     assert size > (4096 if again else REPEAT_BYTES)  # (4 KiB: the limit was)
-                    assert r.handler.answers is not None
-                    kept = r.handler.answers.footprint()[0]
+                    assert r.handler.known is not None
+                    kept = r.handler.known.footprint()[0]
                     for seqid in range(1, 7):  # a miss, judged, kept whole, a hit, then 2 more
                         if seqid == 4:
                             before = at_once(r)
@@ -178,7 +178,7 @@ def test_an_engines_by_names_request_is_answered_again_by_its_bytes() -> None:
                     # the one within REPEAT_BYTES is kept to be answered again by its bytes.
                     assert at_once(r) == before + 3
                     assert r.hms.calls["get_partitions_by_names"] == asked
-                    assert r.handler.answers.footprint()[0] == kept + (1 if again else 0)
+                    assert r.handler.known.footprint()[0] == kept + (1 if again else 0)
             finally:
                 await client.close()
 
@@ -332,17 +332,18 @@ def test_what_answers_again_is_made_once_per_hit_and_shared_by_every_connection(
     async def run() -> None:
         async with rig() as r:
             server = ThriftServer(r.options, r.handler, r.metrics)
-            answers = r.handler.answers
-            assert answers is not None
+            known = r.handler.known
+            assert known is not None
             await server.start()
             try:
                 r.hms.add_table(DB, T, v="1")
                 port = server.ports[0]
                 assert await call_once(r, port, get_table(1)) == answer(r, 1)  # cached
-                assert answers.first(repeat_of(1)) is None  # (a miss keeps no answer)
+                call = known.first(repeat_of(1))
+                assert call is not None and call.again is None  # (a miss: its plan kept)
                 assert await call_once(r, port, get_table(2)) == answer(r, 2)  # a hit
-                kept = answers.first(repeat_of(2))
-                assert kept is not None and answers.footprint()[0] == 1
+                kept = call.again
+                assert kept is not None and known.footprint()[0] == 1
                 for seqid in (3, 4):  # connections of their own: answered as the second was
                     assert await call_once(r, port, get_table(seqid)) == answer(r, seqid)
                 client = await connect(r, port)
@@ -352,7 +353,8 @@ def test_what_answers_again_is_made_once_per_hit_and_shared_by_every_connection(
                 assert not server._sessions and server.connections() == 1
                 # Every hit at once, by the one answer kept (made with the second's hit).
                 assert at_once(r) == 5 and r.hms.calls["get_table"] == 1
-                assert answers.first(repeat_of(2)) is kept and answers.footprint()[0] == 1
+                assert known.first(repeat_of(2)) is call and call.again is kept
+                assert known.footprint()[0] == 1
                 # Another call does: a miss, then the same call answered again.
                 r.hms.add_table(DB, "u", v="1")
                 other = [idl.encode_call("get_table", s, dbname=DB, tbl_name="u") for s in (7, 8)]
@@ -363,7 +365,8 @@ def test_what_answers_again_is_made_once_per_hit_and_shared_by_every_connection(
                 (session,) = server._sessions
                 u_repeat = call_without_seqid(other[0], Transport.BUFFERED)
                 assert u_repeat is not None
-                assert session.again is r.handler.answers.get(session.state, u_repeat[0])
+                u_call = known.get(session.state, u_repeat[0])
+                assert u_call is not None and session.again is u_call.again is not None
                 await client.close()
             finally:
                 await server.stop(0)
@@ -371,7 +374,7 @@ def test_what_answers_again_is_made_once_per_hit_and_shared_by_every_connection(
     asyncio.run(run())
 
 
-def test_kept_answers_keep_users_apart_none_for_a_pinned_session_and_stay_bounded(
+def test_known_calls_keep_users_apart_none_for_a_pinned_session_and_stay_bounded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async def run() -> None:
@@ -380,45 +383,40 @@ def test_kept_answers_keep_users_apart_none_for_a_pinned_session_and_stay_bounde
             r.hms.add_table(DB, "u", v="1")
             alice, bob = SessionState("a", user="alice"), SessionState("b", user="bob")
             pinned = SessionState("p", user="alice", pinned=cast(Any, object()))
-            answers = r.handler.answers
-            assert answers is not None
-            kept = []
+            known = r.handler.known
+            assert known is not None
+            t_data, u_data = (
+                idl.encode_call("get_table", 2, dbname=DB, tbl_name=table) for table in (T, "u")
+            )
             for table in (T, "u"):
                 await r.call(alice, "get_table", 1, dbname=DB, tbl_name=table)  # cached
-            for table in (T, "u"):
-                data = idl.encode_call("get_table", 2, dbname=DB, tbl_name=table)
-                message = whole_message(data, Transport.BUFFERED, 1 << 20)
-                assert message is not None
-                item = r.handler.serve_hit_now(alice, message, lambda _: None)
-                assert isinstance(item, Item)
-                again = r.handler.again(item, data, Transport.BUFFERED)
-                assert again is not None
-                kept.append((call_without_seqid(data, Transport.BUFFERED), again))
-            (t_repeat, t_again), (u_repeat, u_again) = kept
-            assert t_repeat is not None and u_repeat is not None
-            answers.keep(alice, t_repeat[0], t_again)
-            assert answers.get(alice, t_repeat[0]) is t_again
-            assert answers.get(bob, t_repeat[0]) is None  # another user's cache
-            assert answers.get(pinned, t_repeat[0]) is None  # its calls go to the metastore
-            # An answer not counted yet is counted when its Again goes to make room.
+            t_repeat, u_repeat = repeat_of_call(t_data), repeat_of_call(u_data)
+            t_call, t_again = answered_now(r, alice, t_data)
+            known.answer_with(t_call, t_again)
+            assert known.get(alice, t_repeat) is t_call and t_call.again is t_again
+            assert known.get(bob, t_repeat) is None  # another user's cache
+            assert known.get(pinned, t_repeat) is None  # its calls go to the metastore
+            # An answer not counted yet is counted when its call goes to make room.
             written = Written()
             before = _counted(r)
             assert t_again.answer(get_table(3), written)  # type: ignore[arg-type]
             assert _counted(r) == before and written.data == [answer(r, 3)]
-            monkeypatch.setattr(again_module, "KEPT_ANSWERS", 1)
-            answers.keep(alice, u_repeat[0], u_again)
-            assert answers.get(alice, t_repeat[0]) is None
-            assert answers.get(alice, u_repeat[0]) is u_again
-            assert _counted(r) == tuple(n + 1 for n in before)
-            entries, size = answers.footprint()
-            assert entries == 1 and 2 * len(get_table(3)) < size < 4096
-            # Bounded in bytes too.
-            monkeypatch.setattr(again_module, "KEPT_ANSWERS", 1024)
-            monkeypatch.setattr(again_module, "KEPT_ANSWER_BYTES", size)
-            answers.keep(alice, t_repeat[0], t_again)
-            assert answers.get(alice, u_repeat[0]) is None
-            assert answers.get(alice, t_repeat[0]) is t_again
-            assert answers.footprint()[0] == 1
+            monkeypatch.setattr(known_calls, "KNOWN_CALLS", 1)
+            u_call, u_again = answered_now(r, alice, u_data)  # (u's hit counted at once)
+            known.answer_with(u_call, u_again)
+            assert known.get(alice, t_repeat) is None and not t_again.kept
+            assert known.get(alice, u_repeat) is u_call and u_call.again is u_again
+            assert _counted(r) == tuple(n + 2 for n in before)
+            entries, size = known.footprint()
+            assert entries == 1 and 2 * len(u_data) < size < 4096
+            # Bounded in bytes too: the call kept goes for the next, which fits alone.
+            monkeypatch.setattr(known_calls, "KNOWN_CALLS", 1024)
+            monkeypatch.setattr(known_calls, "KNOWN_CALL_BYTES", size + 2 * len(T))
+            t_call, t_again = answered_now(r, alice, t_data)
+            known.answer_with(t_call, t_again)
+            assert known.get(alice, u_repeat) is None
+            assert known.get(alice, t_repeat) is t_call and t_call.again is t_again
+            assert known.footprint()[0] == 1
 
     asyncio.run(run())
 
@@ -437,6 +435,12 @@ class Written:
 
     def is_closing(self) -> bool:
         return False
+
+
+def repeat_of_call(data: bytes) -> bytes:
+    repeat = call_without_seqid(data, Transport.BUFFERED)
+    assert repeat is not None
+    return repeat[0]
 
 
 def repeat_of(seqid: int) -> bytes:
@@ -522,8 +526,9 @@ def test_answers_again_are_counted_together_and_all_of_them_by_a_scrape() -> Non
 def test_answers_again_are_counted_when_their_connection_ends_if_no_longer_kept(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A connection still answers its last call with an Again that Answers let go (counted
-    # as it went); the answers it gives after that are counted when its connection ends.
+    # A connection still answers its last call with an Again whose call the table let go
+    # (counted as it went); the answers it gives after that are counted when its
+    # connection ends.
     async def run() -> None:
         async with listening() as (r, port):
             r.hms.add_table(DB, T, v="1")
@@ -534,8 +539,8 @@ def test_answers_again_are_counted_when_their_connection_ends_if_no_longer_kept(
             for seqid in range(1, 6):
                 await client.call(get_table(seqid))
             assert _counted(r) == (3, 1, 1)
-            monkeypatch.setattr(again_module, "KEPT_ANSWERS", 1)
-            await call_once(r, port, other[1])  # a hit on u: kept in t's place
+            monkeypatch.setattr(known_calls, "KNOWN_CALLS", 1)
+            await call_once(r, port, other[1])  # a hit on u, kept: t, the other call, goes
             assert _counted(r) == (7, 5, 5)  # t's 3 counted as its Again went (u's hit too)
             for seqid in (6, 7):
                 assert await client.call(get_table(seqid)) == answer(r, seqid)
@@ -596,43 +601,34 @@ def test_an_entry_answered_again_keeps_its_lru_place_from_the_first_answer() -> 
     asyncio.run(run())
 
 
-def test_a_kept_answer_asked_since_gets_a_second_chance_over_one_asked_once(
+def test_a_known_call_asked_since_gets_a_second_chance_over_one_asked_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async def run() -> None:
         async with rig() as r:
-            answers = r.handler.answers
-            assert answers is not None
+            known = r.handler.known
+            assert known is not None
             session = SessionState("s")
             tables = ("t1", "t2", "t3")
+            data = {t: idl.encode_call("get_table", 2, dbname=DB, tbl_name=t) for t in tables}
             for table in tables:
                 r.hms.add_table(DB, table, v="1")
                 await r.call(session, "get_table", 1, dbname=DB, tbl_name=table)  # cached
-            kept = {}
-            for table in tables:
-                data = idl.encode_call("get_table", 2, dbname=DB, tbl_name=table)
-                found = whole_message(data, Transport.BUFFERED, 1 << 20)
-                repeat = call_without_seqid(data, Transport.BUFFERED)
-                assert found is not None and repeat is not None
-                item = r.handler.serve_hit_now(session, found, lambda _: None)
-                assert isinstance(item, Item)
-                again = r.handler.again(item, data, Transport.BUFFERED)
-                assert again is not None
-                kept[table] = (repeat[0], again, data)
-            monkeypatch.setattr(again_module, "KEPT_ANSWERS", 2)
+            monkeypatch.setattr(known_calls, "KNOWN_CALLS", 2)
+
+            def kept(table: str) -> bool:
+                return known.get(session, repeat_of_call(data[table])) is not None
+
             for table in ("t1", "t2"):
-                answers.keep(session, *kept[table][:2])
-            repeat, again, data = kept["t1"]
-            assert again.answer(data, Written())  # type: ignore[arg-type]  # t1 asked since
-            answers.keep(session, *kept["t3"][:2])  # one must go: t2, asked never
-            assert [answers.get(session, kept[t][0]) is not None for t in tables] == [
-                True,
-                False,
-                True,
-            ]
+                known.answer_with(*answered_now(r, session, data[table]))
+            t1 = known.get(session, repeat_of_call(data["t1"]))
+            assert t1 is not None and t1.again is not None
+            assert t1.again.answer(data["t1"], Written())  # type: ignore[arg-type]  # asked
+            known.answer_with(*answered_now(r, session, data["t3"]))  # one must go: t2
+            assert [kept(t) for t in tables] == [True, False, True]
             # Passed over once, t1 is as old as the rest: the next to go unless asked again.
-            answers.keep(session, *kept["t2"][:2])
-            assert answers.get(session, kept["t1"][0]) is None
-            assert answers.footprint()[0] == 2
+            answered_now(r, session, data["t2"])
+            assert [kept(t) for t in tables] == [False, True, True]
+            assert known.footprint()[0] == 2
 
     asyncio.run(run())

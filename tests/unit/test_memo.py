@@ -221,7 +221,7 @@ def test_every_memo_is_on_metrics_with_the_bytes_it_counts() -> None:
         before = scraped(metrics)
         assert {memo for _, memo in before} == {
             "cache", "plans", "redis_commands", "set_ugi_replies", "dictionaries",
-            "lock_fences", "fingerprints", "answers",
+            "lock_fences", "fingerprints", "known_calls",
         }  # fmt: skip
         for i in range(10):
             proxy.cache.plan_read(spec, message("get_table", padded_get_table(i, 10)), None)
@@ -362,9 +362,10 @@ def test_one_request_never_takes_the_names_memo_past_its_bound(
     assert len(variant.found) <= variants.found_names <= 8
 
 
-def test_answers_kept_for_every_connection_count_what_they_hold() -> None:
-    # hmsproxy_memo_bytes{memo="answers"} and its 4 MiB bound rest on each kept Again's
-    # bytes as Answers counts them: no less than what the Again and its place hold.
+def test_calls_known_by_their_bytes_count_what_they_hold() -> None:
+    # hmsproxy_memo_bytes{memo="known_calls"} and its 12 MiB bound rest on each call's bytes
+    # as KnownCalls counts them: no less than what the call, its key, its place and the
+    # Again that answers it again hold.
     import gc
     import tracemalloc
 
@@ -375,8 +376,8 @@ def test_answers_kept_for_every_connection_count_what_they_hold() -> None:
 
     async def run() -> None:
         async with rig() as r:
-            answers = r.handler.answers
-            assert answers is not None
+            known = r.handler.known
+            assert known is not None and r.cache is not None
             shared = SessionState("shared")
             made = []
             for i in range(500):  # negative entries: a small reply each
@@ -387,21 +388,26 @@ def test_answers_kept_for_every_connection_count_what_they_hold() -> None:
                 repeat = call_without_seqid(data, Transport.BUFFERED)
                 assert found is not None and repeat is not None
                 item = r.handler.serve_hit_now(shared, found, lambda reply: None)
-                assert isinstance(item, Item)
-                made.append((data, repeat[0], item))
+                assert isinstance(item, Item)  # (not kept by its bytes: none were given)
+                plan = r.cache.plan_read(catalog.lookup("get_table"), found, None)  # type: ignore[arg-type]
+                assert plan is not None
+                made.append((data, repeat[0], item, plan))
+            assert known.footprint() == (0, 0)
             gc.collect()
             tracemalloc.start()
             before = tracemalloc.take_snapshot()
-            for data, repeat, item in made:
+            for data, repeat, item, plan in made:
+                known.learn(shared, repeat, plan)
+                call = known.get(shared, repeat)
                 again = r.handler.again(item, data, Transport.BUFFERED)
-                assert again is not None
-                answers.keep(shared, repeat, again)
-            del again, data, repeat, item
+                assert call is not None and again is not None
+                known.answer_with(call, again)
+            del again, call, data, repeat, item, plan
             gc.collect()
             after = tracemalloc.take_snapshot()
             tracemalloc.stop()
             held = sum(d.size_diff for d in after.compare_to(before, "filename"))
-            entries, counted = answers.footprint()
+            entries, counted = known.footprint()
             assert entries == 500
             assert 0 < held <= counted, (held / 500, counted / 500)
 

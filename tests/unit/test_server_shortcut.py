@@ -13,7 +13,8 @@ import asyncio
 import socket
 import struct
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 import pytest
 
@@ -42,8 +43,8 @@ from tests.unit.helpers import (
     session_tasks,
 )
 from tests.unit.inprocess import Client as Channel
+from tests.unit.inprocess import Rig, rig
 from tests.unit.inprocess import message as message_of
-from tests.unit.inprocess import rig
 from tests.unit.scripted_hms import Slow, message_length, split_messages, table, until
 
 
@@ -329,6 +330,17 @@ def test_a_hit_judged_once_is_judged_again_after_any_change_to_what_it_depends_o
     asyncio.run(run())
 
 
+def serve_known(
+    r: Rig, session: SessionState, repeat: tuple[bytes, int], write: Callable[[bytes], None]
+) -> Item | Literal[False] | None:
+    """A call answered by its bytes, as a connection does (``False``: not known by them)."""
+    assert r.handler.known is not None
+    call = r.handler.known.get(session, repeat[0])
+    if call is None:
+        return False
+    return r.handler.serve_known_now(call, repeat[1], write)
+
+
 def test_a_repeated_call_is_known_by_its_bytes_and_per_user_caches_keep_users_apart() -> None:
     async def run() -> None:
         async with rig(per_user=True) as r:
@@ -340,16 +352,16 @@ def test_a_repeated_call_is_known_by_its_bytes_and_per_user_caches_keep_users_ap
             message = whole_message(data, Transport.BUFFERED, 1 << 20)
             assert repeat is not None and message is not None
             out: list[bytes] = []
-            assert r.handler.serve_repeat_now(alice, *repeat, out.append) is False  # not yet
+            assert serve_known(r, alice, repeat, out.append) is False  # not yet
             assert r.handler.serve_hit_now(alice, message, out.append, repeat[0])
             again = call_without_seqid(get_table(9), Transport.BUFFERED)
             assert again is not None and again[0] == repeat[0]
-            assert isinstance(r.handler.serve_repeat_now(alice, *again, out.append), Item)
+            assert isinstance(serve_known(r, alice, again, out.append), Item)
             assert out == [
                 r.hms.answer("get_table", seqid, dbname=DB, tbl_name=T) for seqid in (2, 9)
             ]
             # The same bytes from bob: alice's plan is not his, and neither is her entry.
-            assert r.handler.serve_repeat_now(bob, *again, out.append) is False  # not known
+            assert serve_known(r, bob, again, out.append) is False  # not known
             assert not r.handler.serve_hit_now(bob, message, out.append, repeat[0])
             assert len(out) == 2
             # Not a small strict call: not known by its bytes (the ordinary checks decide).
@@ -402,7 +414,7 @@ def test_a_hit_answered_at_once_is_counted_once_its_reply_is_written(
             again = call_without_seqid(get_table(3), Transport.BUFFERED)
             assert again is not None
             before = counts()
-            assert isinstance(r.handler.serve_repeat_now(session, *again, write), Item)
+            assert isinstance(serve_known(r, session, again, write), Item)
             assert at_write[1] == before
             assert counts() == (before[0] + 1, before[1] + 1, before[2] + 1)
 
@@ -411,7 +423,7 @@ def test_a_hit_answered_at_once_is_counted_once_its_reply_is_written(
 
             before = counts()
             with pytest.raises(ClientGone):
-                r.handler.serve_repeat_now(session, *again, gone)
+                serve_known(r, session, again, gone)
             assert counts() == (before[0] + 1, before[1], before[2] + 1)
             assert r.requests("get_table", "client_gone") == 1
 
@@ -423,7 +435,7 @@ def test_a_hit_answered_at_once_is_counted_once_its_reply_is_written(
             await r.call(session, "get_table", 4, dbname=DB, tbl_name=T)  # copied again
             monkeypatch.setattr(dispatch.again, "prepared", broken)
             before = counts()
-            assert r.handler.serve_repeat_now(session, *again, write) is None
+            assert serve_known(r, session, again, write) is None
             assert counts() == before
             assert len(at_write) == 2
 
@@ -486,7 +498,7 @@ def test_a_bug_answering_at_once_before_the_reply_closes_the_connection(
                 r.hms.script("get_table", slow)
                 client.feed(idl.encode_call("get_table", 9, dbname=DB, tbl_name="u"))
                 await until(lambda: r.hms.calls["get_table"] == 2, "the miss at the metastore")
-            monkeypatch.setattr(r.handler, "serve_repeat_now", bug)
+            monkeypatch.setattr(r.handler, "serve_known_now", bug)
             client.feed(get_table(2))
             if late:
                 await asyncio.sleep(0)

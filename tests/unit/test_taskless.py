@@ -300,7 +300,7 @@ def test_a_connection_with_no_session_counts_what_answered_it_when_it_ends(
     # It keeps what answered its last call (its calls asked again are compared with it
     # first); if that is let go for every connection meanwhile, the answers it gives after
     # are counted when the connection ends.
-    from proxy.handler import again as again_module
+    from proxy.handler import known_calls
     from tests.unit.helpers import _counted, _until
 
     async def run() -> None:
@@ -317,8 +317,8 @@ def test_a_connection_with_no_session_counts_what_answered_it_when_it_ends(
             assert not server._sessions  # (answered with none)
             r.metrics.settle()
             before = _counted(r)
-            monkeypatch.setattr(again_module, "KEPT_ANSWERS", 1)
-            await call_once(r, port, other[1])  # u: a hit, kept in t's place
+            monkeypatch.setattr(known_calls, "KNOWN_CALLS", 1)
+            await call_once(r, port, other[1])  # u: a hit, kept; t, the other call, goes
             for seqid in (5, 6):  # answered by t's answer, no longer kept
                 assert seqid_of(await client.call(get_table(seqid))) == seqid
             assert _counted(r)[1] == before[1] + 1  # (u's hit only)
