@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy import idl
-from proxy.cache.l1 import Item, stands
+from proxy.cache.l1 import Item
 from proxy.handler import SessionState
 from proxy.handler.again import Again
 from proxy.wire.framing import Transport, call_without_seqid, whole_message
@@ -67,10 +67,13 @@ def checked_not_counted(self: Again, data: bytes, transport: Any) -> bool:
     ):
         return False
     item = self.item()
+    standing = self.standing
     now = time.monotonic()
     if (
         item is None
-        or not stands(item, self.standing, now)
+        or item.judged_under != standing.generation
+        or now > standing.until
+        or now >= item.expires_at
         or self.invalidations.pending
         or transport.get_write_buffer_size()
         or transport.is_closing()

@@ -99,7 +99,8 @@ def stands(item: Item, standing: Standing, now: float) -> bool:
     answers has changed since: :class:`.store.Standing`), what the store keeps in process
     is trusted at ``now`` (monotonic), and ``item`` has not expired (a retired one's stamp
     is no generation). :func:`current` is the same rule for a request's partitions, and
-    ``_assemble.c`` its C twin."""
+    ``_assemble.c`` its C twin; ``Again.answer`` writes it out (a call costs that path
+    several microseconds cold), held to it by tests/unit/test_again.py."""
     return (
         item.judged_under == standing.generation and now <= standing.until and now < item.expires_at
     )

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
@@ -447,6 +449,42 @@ def repeat_of(seqid: int) -> bytes:
     repeat = call_without_seqid(get_table(seqid), Transport.BUFFERED)
     assert repeat is not None
     return repeat[0]
+
+
+def test_an_again_answers_exactly_while_its_item_stands() -> None:
+    # Again.answer writes the hit rule out (l1.stands) for speed: held here to the rule
+    # itself over every state of the item's stamp, its expiry and the store's trust.
+    from proxy.cache.l1 import RETIRED, UNJUDGED, stands
+
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, v="1")
+            session = SessionState("s")
+            await r.call(session, "get_table", 1, dbname=DB, tbl_name=T)  # cached
+            _, again = answered_now(r, session, get_table(2))
+            item = again.item()
+            assert item is not None and r.cache is not None
+            standing = r.cache.store.standing
+            generation, until = standing.generation, standing.until
+            answered = set()
+            try:
+                for stamp, expiry, trust in itertools.product(
+                    (generation, generation - 1, generation + 1, UNJUDGED, RETIRED),
+                    (100.0, -100.0),
+                    (100.0, -100.0, math.inf),
+                ):
+                    item.judged_under = stamp
+                    now = time.monotonic()
+                    item.expires_at = now + expiry
+                    standing.until = now + trust
+                    expected = stands(item, standing, now)
+                    assert again.answer(get_table(3), Written()) is expected  # type: ignore[arg-type]
+                    answered.add(expected)
+            finally:
+                standing.until = until
+            assert answered == {True, False}
+
+    asyncio.run(run())
 
 
 def test_what_a_connection_keeps_to_answer_again_goes_with_the_in_process_copy() -> None:
