@@ -31,6 +31,7 @@ from proxy.cache import assembled
 from proxy.cache.decide import Result, Verdict, fingerprints_footprint
 from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.fences import LockFences
+from proxy.cache.hit_counts import HitCounts
 from proxy.cache.l1 import L1, Item
 from proxy.cache.partition_reads import AssembledHit, PartitionReads
 from proxy.cache.plan import ReadPlan, WritePlan
@@ -103,6 +104,8 @@ class CacheEngine:
             write_fence=write_fence,
             changes=activity,
         )
+        # Hits answered at once are counted in one place (see .hit_counts).
+        self.hits = HitCounts(metrics, store, activity)
         self.whole = WholeReads(
             store,
             metrics,
@@ -114,6 +117,7 @@ class CacheEngine:
             max_entry_bytes=max_entry_bytes,
             stale_window=stale_window,
             seen=activity,
+            hits=self.hits,
         )
         self.partitions = PartitionReads(
             store,
@@ -227,7 +231,8 @@ class CacheEngine:
 
     def count_now(self, item: Item) -> None:
         """Count a hit :meth:`hit_now` gave, once written."""
-        self.whole.count_now(item)
+        assert item.counted is not None  # (made when it was judged a hit)
+        self.hits.count(item.counted)
 
     # -- the whole cache -------------------------------------------------------------------
 

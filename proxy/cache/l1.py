@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING
 from proxy.cache.entry import Entry, Payload
 
 if TYPE_CHECKING:
-    from proxy.cache.keys import TableRef
+    from proxy.cache.hit_counts import HitCount
     from proxy.cache.store import Standing
-    from proxy.loop_metrics import Count
 
 _stamp = operator.attrgetter("judged_under")
 _expires = operator.attrgetter("expires_at")
@@ -33,24 +32,13 @@ _TRUE = itertools.repeat(True)
 # store's generation is either.
 UNJUDGED = -1
 RETIRED = -2
-# What an item's hits keep beside it once one is answered at once (HitCount, the reply's
+# What an item's hits keep beside it once one is answered at once (its HitCount, the reply's
 # prepared parts: a copy of its header, a view of the rest, the tuple), charged to its size:
 # ~580 bytes by tracemalloc (tests/unit/test_memo.py holds the charge to what is measured).
 PREPARED_BYTES = 700
 
 # What an entry costs beyond its key and payload (the Entry, the Item, the dict slot).
 OVERHEAD_BYTES = 250
-
-
-@dataclass(frozen=True, slots=True)
-class HitCount:
-    """How a hit on an item answered at once is counted (the awaited path's counts of the
-    same hit): made when it is first judged so, the same for every hit after."""
-
-    method: str  # the method's metric label
-    lookups: Count  # hmsproxy_cache_lookups{method, result}
-    table: TableRef | None  # counted as looked up on the status page (None: not counted)
-    seen_hit: bool  # counted there as a hit
 
 
 @dataclass(slots=True, eq=False, weakref_slot=True)

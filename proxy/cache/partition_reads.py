@@ -100,7 +100,6 @@ class PartitionReads:
         self.whole_reads = whole  # replies kept whole: filled as any other read's
         self.naming = naming
         self.metrics = metrics
-        self.at_once = metrics.hits_at_once.labels()  # (looked up once, as WholeReads does)
         self.dictionaries = dictionaries
         self.l1 = l1
         self.pending = pending
@@ -231,11 +230,8 @@ class PartitionReads:
         assembled once: once its reply is written, so the client has it meanwhile."""
         if hit.once is not None:
             self.assembled_once.put(hit.once, None, ONCE_ITEM_BYTES)
-        self.store.used_local_versions()
-        self.at_once.value += 1
-        self.metrics.cache_lookups.labels(method_label(hit.method), Result.HIT.value).inc()
-        if self.seen is not None:
-            self.seen.looked_up(hit.table, True)
+        hits = self.whole_reads.hits
+        hits.count(hits.of(method_label(hit.method), Result.HIT.value, hit.table, True))
         self.metrics.cache_partitions.labels("hit").inc(hit.partitions)
 
     def hit_now(self, plan: ReadPlan, largest: int) -> Item | None:

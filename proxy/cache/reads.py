@@ -30,8 +30,9 @@ from proxy.cache import entry as codec
 from proxy.cache.decide import BYPASS, Result, Verdict, judge, judge_stale, storable
 from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.entry import Payload
+from proxy.cache.hit_counts import HitCounts
 from proxy.cache.keys import EPOCH, TableRef
-from proxy.cache.l1 import L1, PREPARED_BYTES, HitCount, Item, stands
+from proxy.cache.l1 import L1, PREPARED_BYTES, Item, stands
 from proxy.cache.plan import ReadPlan
 from proxy.cache.store import CacheUnavailable, Found, Store
 from proxy.metrics import Metrics, method_label
@@ -112,10 +113,11 @@ class WholeReads:
         max_entry_bytes: int,
         stale_window: float,
         seen: Seen | None,
+        hits: HitCounts,
     ) -> None:
         self.store = store
         self.metrics = metrics
-        self.at_once = metrics.hits_at_once.labels()
+        self.hits = hits
         self.dictionaries = dictionaries
         self.l1 = l1
         # Invalidations the store did not take yet: no hits until they are applied.
@@ -227,15 +229,15 @@ class WholeReads:
         versions are in process (the decoded front, and the embedded store's versions or
         the copy Redis keeps coherent), and no invalidation is pending. ``None``: take
         :meth:`read`, as for replies over ``largest`` bytes (the ordinary way writes those
-        in slices). Iceberg entries always read Redis. Nothing is counted until
-        :meth:`count_now`."""
+        in slices). Iceberg entries always read Redis. Nothing is counted until its
+        ``counted`` is (:meth:`.HitCounts.count`)."""
         return self.judged_now(plan, largest, plan.table, negative_seen_as_hit=True)
 
     def judged_now(
         self, plan: ReadPlan, largest: int, table: TableRef | None, *, negative_seen_as_hit: bool
     ) -> Item | None:
         """The item whose reply :meth:`hit_now` serves, ``plan``'s entry in the decoded
-        front, to count with :meth:`count_now` once written (as a look-up, and on the status
+        front, to count with :meth:`.HitCounts.count` once written (as a look-up, and on the status
         page as a look-up of ``table``: a hit, or a negative one if
         ``negative_seen_as_hit``); ``None``: not one to serve at once. Judged again only
         when the judgement it holds no longer :func:`.l1.stands`."""
@@ -262,25 +264,13 @@ class WholeReads:
             # planner, fixed at start, makes the refs.)
             item.stamp(generation)
             if item.counted is None:
-                label = method_label(plan.method)
-                lookups = self.metrics.cache_lookups.labels(label, verdict.result.value)
                 seen_hit = negative_seen_as_hit or verdict.result is Result.HIT
-                item.counted = HitCount(label, lookups, table, seen_hit)
+                label = method_label(plan.method)
+                item.counted = self.hits.of(label, verdict.result.value, table, seen_hit)
                 l1.charge(item, PREPARED_BYTES)
         if len(item.entry.payload) > largest:
             return None
         return item
-
-    def count_now(self, item: Item) -> None:
-        """Count a hit :meth:`judged_now` gave, as a look-up and on the status page: once
-        its reply is written (the client has it meanwhile)."""
-        counted = item.counted
-        assert counted is not None  # (made when it was judged a hit)
-        self.store.used_local_versions()
-        self.at_once.value += 1
-        counted.lookups.inc()
-        if counted.table is not None and self.seen is not None:
-            self.seen.looked_up(counted.table, counted.seen_hit)
 
     async def lookup(self, plan: ReadPlan, *, fresh: bool = False) -> Verdict:
         """``fresh``: judged against the versions as the store has them now, never a copy

@@ -82,8 +82,8 @@ class Again:
         "after",
         "asked",
         "at",
-        "at_once",
         "before",
+        "count_hits",
         "counted",
         "duration",
         "gone",
@@ -95,12 +95,10 @@ class Again:
         "length",
         "requests",
         "sampler",
-        "seen",
         "spent",
         "standing",
         "tally",
         "touch",
-        "used_local",
     )
 
     def __init__(
@@ -131,10 +129,7 @@ class Again:
         self.requests = metrics.requests.labels(method, parts[2])
         self.duration = metrics.request_duration.labels(method, "cache")
         self.gone = metrics.requests.labels(method, "client_gone")
-        self.at_once = metrics.hits_at_once.labels()
-        self.used_local = cache.store.used_local_versions
-        seen = cache.whole.seen
-        self.seen = seen.looked_up if seen is not None and counted.table is not None else None
+        self.count_hits = cache.hits.count
         self.touch = cache.l1.touch
         self.kept = False  # with its call in KnownCalls, which counts its answers then
         self.asked = False  # answered since KnownCalls kept it, or last passed it over
@@ -212,13 +207,8 @@ class Again:
             log.exception("counting %d calls answered again", tally)
 
     def _count(self, tally: int) -> None:
-        counted = self.counted
         self.requests.value += tally
-        counted.lookups.value += tally
-        self.at_once.value += tally
-        self.used_local(tally)
-        if self.seen is not None:
-            self.seen(counted.table, counted.seen_hit, tally)  # type: ignore[arg-type]  # (not None)
+        self.count_hits(self.counted, tally)
         observe = self.duration.observe
         for spent in self.spent[:tally]:
             observe(spent)

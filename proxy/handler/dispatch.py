@@ -128,6 +128,11 @@ class CallHandler:
                 client, message, AppErrorType.INTERNAL_ERROR, "hms-cache-proxy internal error"
             )
             return
+        self._count_request(label, outcome, source, started)
+
+    def _count_request(self, label: str, outcome: str, source: str, started: float) -> None:
+        """Count a call answered (``label``: its method's), however it was: the one place a
+        call is counted but for an Again's batches (:meth:`.again.Again.settle`)."""
         self.metrics.requests.labels(label, outcome).inc()
         self.metrics.request_duration.labels(label, source).observe(time.perf_counter() - started)
 
@@ -330,8 +335,7 @@ class CallHandler:
         except ConnectionError as exc:
             self.metrics.requests.labels(label, "client_gone").inc()
             raise ClientGone(f"client connection lost: {exc}") from exc
-        self.metrics.requests.labels(label, outcome).inc()
-        self.metrics.request_duration.labels(label, "cache").observe(time.perf_counter() - started)
+        self._count_request(label, outcome, "cache", started)
 
     def end_session(self, session: SessionState) -> None:
         self.identities.end_session(session)

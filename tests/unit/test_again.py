@@ -530,7 +530,7 @@ def test_answers_again_are_counted_together_and_all_of_them_by_a_scrape() -> Non
     async def run() -> None:
         async with a_connection() as (r, client):
             assert r.cache is not None
-            seen = r.cache.whole.seen = Activity(show_names=True)
+            seen = r.cache.whole.seen = r.cache.hits.seen = Activity(show_names=True)
             metrics_port = MetricsServer(HostPort("127.0.0.1", 0), r.metrics)
             await metrics_port.start()
             try:
@@ -596,7 +596,7 @@ def test_a_bug_in_counting_loses_those_counts_only(caplog: pytest.LogCaptureFixt
     async def run() -> None:
         async with a_connection() as (r, client):
             assert r.cache is not None
-            seen = r.cache.whole.seen = Activity(show_names=True)
+            seen = r.cache.whole.seen = r.cache.hits.seen = Activity(show_names=True)
 
             def broken(table: TableRef, hit: bool, times: int = 1) -> None:
                 if times > 1:
