@@ -165,6 +165,16 @@ METRICS: tuple[MetricSpec, ...] = (
         "writes, locks and fills move what kept hits were judged under",
     ),
     MetricSpec(
+        "forwarded_at_once",
+        LoopCounter,
+        "hmsproxy_calls_forwarded_at_once",
+        "Calls only forwarded (not cached, not a write) that were sent to the metastore at "
+        "once, from the client connection's socket callback on an idle pooled connection, "
+        "with no task (docs/design.md); the other forwarded calls took the awaited path",
+        ("method",),
+        Wrap.CHILDREN,
+    ),
+    MetricSpec(
         "cache_partitions",
         LoopCounter,
         "hmsproxy_cache_partitions",

@@ -140,6 +140,7 @@ class Metrics:
     shared_reads: _Children
     cache_lookups: _PerMethod
     hits_at_once: LoopCounter
+    forwarded_at_once: _Children
     cache_partitions: _Children
     cache_errors: _Children
     invalidations: _Children

@@ -296,6 +296,24 @@ def cache() -> list[Panel]:
             bounds=(0, 1),
         ),
         timeseries(
+            "Calls forwarded at once",
+            "The share of calls only forwarded (neither cached nor writes) that were sent to "
+            "the metastore from the connection's socket callback, with no task "
+            "(docs/design.md): the rest took the awaited path, as every call does when the "
+            "pool has no idle connection at hand.",
+            [
+                target(
+                    ratio(
+                        f"sum by (method) ({rate('hmsproxy_calls_forwarded_at_once_total')})",
+                        f"sum by (method) ({rate('hmsproxy_upstream_requests_total')})",
+                    ),
+                    "{{method}}",
+                ),
+            ],
+            "percentunit",
+            bounds=(0, 1),
+        ),
+        timeseries(
             "Cache look-ups by result",
             "hit: served from the cache; negative_hit: a remembered NoSuchObjectException; "
             "miss: fetched from the metastore and stored; bypass: not cacheable at that moment "

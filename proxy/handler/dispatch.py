@@ -201,6 +201,7 @@ class CallHandler:
         except ConnectionError:  # closed under us, before a byte of the call went out
             pool.discard(conn)
             return None
+        self.metrics.forwarded_at_once.labels(method_label(message.header.name)).inc()
         return Flight(
             conn,
             conn.diverter,

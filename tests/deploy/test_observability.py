@@ -625,8 +625,9 @@ LIVE_DB = "observability_it"
 
 
 def workload(hms: MetastoreServer, proxy: ProxyProcess, sample: Sample, root: Path) -> None:
-    """Reads repeated (misses, then hits; a missing table twice), a table created and a
-    partition altered through the proxy (invalidations), listings of sealed partitions."""
+    """Reads repeated (misses, then hits; a missing table twice), calls only forwarded, a
+    table created and a partition altered through the proxy (invalidations), listings of
+    sealed partitions."""
     with client("127.0.0.1", proxy.port) as c:
         for _ in range(3):
             assert sample.db in c.get_all_databases()
@@ -635,6 +636,8 @@ def workload(hms: MetastoreServer, proxy: ProxyProcess, sample: Sample, root: Pa
             assert len(c.get_partitions_by_names(sample.db, sample.table, names)) == len(names)
             with pytest.raises(t.NoSuchObjectException):
                 c.get_table(sample.db, "no_such_table")
+            # Only forwarded: sent at once on a pooled connection (the pool has them by now).
+            assert c.get_current_notificationEventId().eventId >= 0
     days = ("2024-01-01", "2024-01-02")
     name = f"listed_{os.getpid()}_{proxy.port}"
     location = root / name

@@ -172,24 +172,14 @@ class Asked:
     def __init__(self, r: Rig, session: SessionState | None = None) -> None:
         self.r = r
         self.session = session or SessionState("shared")
-        self.assembled = 0  # answered at once, unplanned
-        assert r.cache is not None
-        original = r.cache.assembled_now
-
-        def counted(*args: Any) -> bytes | None:
-            reply = original(*args)
-            self.assembled += reply is not None
-            return reply
-
-        r.cache.assembled_now = counted  # type: ignore[method-assign]
 
     async def __call__(self, request: bytes) -> tuple[bytes, str]:
         found = whole_message(request, Transport.BUFFERED, 1 << 20)
         assert found is not None
         out: list[bytes] = []
-        before = self.assembled
-        if self.r.handler.serve_hit_now(self.session, found, out.append):
-            return out[0], "assembled" if self.assembled > before else "at once"
+        hit = self.r.handler.serve_hit_now(self.session, found, out.append)
+        if hit:  # (True: assembled from partitions, with no plan; else the item answered)
+            return out[0], "assembled" if hit is True else "at once"
         client = Channel()
         await self.r.handler.handle(self.session, message(request), client)
         return client.reply(), "ordinary"
