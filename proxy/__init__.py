@@ -4,8 +4,9 @@ How a call flows::
 
     engine --Thrift--> server.ThriftServer; protocols (a connection's asyncio protocol)
                          |  fast paths, in the socket callbacks (no task): a hit whose
-                         |  entry and versions are in process, the same call answered
-                         |  again (handler.again), a call only forwarded (handler.flight)
+                         |  entry and versions are in process (a call known by its bytes:
+                         |  handler.known_calls; answered again: handler.again), a call
+                         |  only forwarded (handler.flight)
                          v  anything else: client_session.ClientSession's task
                        wire.framing.MessageReader: bytes -> messages (sans-I/O;
                          |  wire.binary.StructScanner finds where unframed messages end)
