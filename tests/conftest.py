@@ -11,7 +11,7 @@ import pytest
 
 from tests.rig import kdc, machine
 from tests.rig.hms import MetastoreServer
-from tests.rig.proxy_process import ProxyProcess
+from tests.rig.proxy_process import ProxyProcess, proxies_started
 from tests.rig.redis_server import RedisCluster, RedisServer
 from tests.rig.sample import Sample, create
 
@@ -85,18 +85,16 @@ PATIENT = ("--redis-timeout", "1")
 
 @pytest.fixture
 def proxy_factory(tmp_path: Path, hms: MetastoreServer) -> Iterator[ProxyFactory]:
-    started: list[ProxyProcess] = []
+    with proxies_started(tmp_path) as started:
 
-    def make(
-        *args: str, upstream: str | None = None, env: dict[str, str] | None = None
-    ) -> ProxyProcess:
-        proc = ProxyProcess(tmp_path, upstream or hms.uri, *PATIENT, *args, env=env).start()
-        started.append(proc)
-        return proc
+        def make(
+            *args: str, upstream: str | None = None, env: dict[str, str] | None = None
+        ) -> ProxyProcess:
+            proc = ProxyProcess(tmp_path, upstream or hms.uri, *PATIENT, *args, env=env)
+            started.append(proc.start())
+            return proc
 
-    yield make
-    for proc in started:
-        proc.stop()
+        yield make
 
 
 @pytest.fixture(scope="session")
@@ -110,16 +108,14 @@ def lock_hms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetastoreServ
 @pytest.fixture
 def lock_proxy_factory(tmp_path: Path, lock_hms: MetastoreServer) -> Iterator[ProxyFactory]:
     """Proxies in front of ``lock_hms``."""
-    started: list[ProxyProcess] = []
+    with proxies_started(tmp_path) as started:
 
-    def make(*args: str, env: dict[str, str] | None = None) -> ProxyProcess:
-        proc = ProxyProcess(tmp_path, lock_hms.uri, *PATIENT, *args, env=env).start()
-        started.append(proc)
-        return proc
+        def make(*args: str, env: dict[str, str] | None = None) -> ProxyProcess:
+            proc = ProxyProcess(tmp_path, lock_hms.uri, *PATIENT, *args, env=env)
+            started.append(proc.start())
+            return proc
 
-    yield make
-    for proc in started:
-        proc.stop()
+        yield make
 
 
 @pytest.fixture

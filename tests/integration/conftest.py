@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import PATIENT
 from tests.rig.hive_metastore import VERSIONS, HiveMetastore
-from tests.rig.proxy_process import ProxyProcess
+from tests.rig.proxy_process import ProxyProcess, proxies_started
 
 
 @pytest.fixture(scope="module", params=VERSIONS)
@@ -27,13 +27,11 @@ def real(
 
 @pytest.fixture
 def proxies(tmp_path: Path, real: HiveMetastore) -> Iterator[Callable[..., ProxyProcess]]:
-    started: list[ProxyProcess] = []
+    with proxies_started(tmp_path) as started:
 
-    def make(*args: str) -> ProxyProcess:
-        proc = ProxyProcess(tmp_path, real.uri, *PATIENT, *args).start()
-        started.append(proc)
-        return proc
+        def make(*args: str) -> ProxyProcess:
+            proc = ProxyProcess(tmp_path, real.uri, *PATIENT, *args)
+            started.append(proc.start())
+            return proc
 
-    yield make
-    for proc in started:
-        proc.stop()
+        yield make

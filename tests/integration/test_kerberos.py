@@ -22,7 +22,7 @@ from proxy.sasl.layer import SaslError
 from proxy.sasl.negotiation import Status, encode
 from tests.rig.hms import MetastoreServer
 from tests.rig.kdc import Realm
-from tests.rig.proxy_process import ProxyProcess, kerberos_options
+from tests.rig.proxy_process import ProxyProcess, kerberos_options, proxies_started
 from tests.rig.sasl_client import KerberosConnection, SaslRefused
 from tests.rig.token_client import TokenConnection
 from tests.rig.waiting import eventually
@@ -53,17 +53,17 @@ ProxyMaker = Callable[..., ProxyProcess]
 @pytest.fixture
 def kerberos_proxy(tmp_path: Path, realm: Realm) -> Iterator[ProxyMaker]:
     """Proxies that authenticate engines as proxy/localhost and reach ``hms`` over SASL."""
-    started: list[ProxyProcess] = []
+    with proxies_started(tmp_path) as started:
 
-    def make(hms: MetastoreServer, *args: str, principal: str = "proxy/localhost") -> ProxyProcess:
-        options = kerberos_options(realm, hms, principal=principal)
-        proxy = ProxyProcess(tmp_path, hms.uri, *options, *args).start()
-        started.append(proxy)
-        return proxy
+        def make(
+            hms: MetastoreServer, *args: str, principal: str = "proxy/localhost"
+        ) -> ProxyProcess:
+            options = kerberos_options(realm, hms, principal=principal)
+            proxy = ProxyProcess(tmp_path, hms.uri, *options, *args)
+            started.append(proxy.start())
+            return proxy
 
-    yield make
-    for proxy in started:
-        proxy.stop()
+        yield make
 
 
 def engine(realm: Realm, user: str, proxy: ProxyProcess, qop: str = "auth") -> KerberosConnection:

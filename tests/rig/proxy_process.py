@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -177,3 +179,15 @@ def health(proxy: ProxyProcess, service: str) -> int:
 
 def uri(proxy: ProxyProcess) -> str:
     return f"thrift://127.0.0.1:{proxy.port}"
+
+
+@contextlib.contextmanager
+def proxies_started(workdir: Path) -> Iterator[list[ProxyProcess]]:
+    """The proxies a fixture starts (it adds each one started), each stopped at the end
+    (the one place proxy fixtures remember and stop theirs)."""
+    started: list[ProxyProcess] = []
+    try:
+        yield started
+    finally:
+        for proc in started:
+            proc.stop()
