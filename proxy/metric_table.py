@@ -168,9 +168,10 @@ METRICS: tuple[MetricSpec, ...] = (
         "forwarded_at_once",
         LoopCounter,
         "hmsproxy_calls_forwarded_at_once",
-        "Calls only forwarded (not cached, not a write) that were sent to the metastore at "
-        "once, from the client connection's socket callback on an idle pooled connection, "
-        "with no task (docs/design.md); the other forwarded calls took the awaited path",
+        "Calls only forwarded (with the cache on, neither cached reads nor writes) that were "
+        "sent to the metastore at once, from the client connection's socket callback on an "
+        "idle pooled connection, with no task (docs/design.md); the others took the awaited "
+        "path",
         ("method",),
         Wrap.CHILDREN,
     ),

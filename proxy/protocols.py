@@ -88,7 +88,9 @@ def answered_before_a_session(protocol: TasklessProtocol, data: bytes) -> bool:
             again = known.again if known is not None else None
             if again is None or not again.answer(data, transport):
                 return False
-            protocol.again = again
+            before, protocol.again = protocol.again, again
+            if before is not None and not before.kept:  # (let go meanwhile: count it now)
+                before.settle()
     except ClientGone as exc:  # (its transport closed: the connection's end follows)
         log.debug("%s: connection ended: %s", PeerName(transport), exc)
         return True

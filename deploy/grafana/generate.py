@@ -297,15 +297,15 @@ def cache() -> list[Panel]:
         ),
         timeseries(
             "Calls forwarded at once",
-            "The share of calls only forwarded (neither cached nor writes) that were sent to "
-            "the metastore from the connection's socket callback, with no task "
-            "(docs/design.md): the rest took the awaited path, as every call does when the "
-            "pool has no idle connection at hand.",
+            "By method, the share of calls sent to the metastore at once, from the "
+            "connection's socket callback, with no task (docs/design.md): calls only "
+            "forwarded (with the cache on, neither cached reads nor writes). The rest took the "
+            "awaited path, as every call does when the pool has no idle connection at hand.",
             [
                 target(
                     ratio(
                         f"sum by (method) ({rate('hmsproxy_calls_forwarded_at_once_total')})",
-                        f"sum by (method) ({rate('hmsproxy_upstream_requests_total')})",
+                        f"sum by (method) ({rate('hmsproxy_requests_total')})",
                     ),
                     "{{method}}",
                 ),

@@ -116,7 +116,6 @@ class CacheEngine:
             serve_iceberg=lambda: self.serve_iceberg(),
             max_entry_bytes=max_entry_bytes,
             stale_window=stale_window,
-            seen=activity,
             hits=self.hits,
         )
         self.partitions = PartitionReads(
@@ -127,7 +126,6 @@ class CacheEngine:
             self.l1,
             pending=self.invalidations,
             dictionary_ttl=planner.ttls.longest * 2 + 60,
-            seen=activity,
             whole=self.whole,
         )
         self.locks = LockFences(store, self.naming, metrics, lock_fence, self.invalidations.defer)

@@ -38,7 +38,9 @@ class HitCounts:
     def __init__(self, metrics: Metrics, store: Store, seen: Seen | None) -> None:
         self.metrics = metrics
         self.store = store
-        self.seen = seen  # (set again by tests and the status page: read at each count)
+        # Where looked-up tables are counted (the status page), for every look-up: the
+        # awaited path's reads count theirs here too.
+        self.seen = seen
         self.at_once = metrics.hits_at_once.labels()
 
     def of(self, method: str, result: str, table: TableRef | None, seen_hit: bool) -> HitCount:

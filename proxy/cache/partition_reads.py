@@ -38,7 +38,7 @@ from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.keys import EPOCH, Naming, TableRef, partition_field
 from proxy.cache.l1 import L1, UNJUDGED, Item
 from proxy.cache.plan import PartitionPlan, ReadPlan
-from proxy.cache.reads import Pending, ReadCall, Seen, Served, WholeReads
+from proxy.cache.reads import Pending, ReadCall, Served, WholeReads
 from proxy.cache.store import CacheUnavailable, Found, Store
 from proxy.memo import BoundedMemo
 from proxy.metrics import Metrics, method_label
@@ -93,7 +93,6 @@ class PartitionReads:
         *,
         pending: Pending,
         dictionary_ttl: float,
-        seen: Seen | None,
         whole: WholeReads,
     ) -> None:
         self.store = store
@@ -104,7 +103,6 @@ class PartitionReads:
         self.l1 = l1
         self.pending = pending
         self.dictionary_ttl = dictionary_ttl
-        self.seen = seen
         self.assemble = True  # False once the metastore was seen to answer out of order
         # Requests assembled once: the second time one is, it is kept whole (_keep_whole),
         # so that requests asked once do not crowd the partitions out of the front. Known by
@@ -122,8 +120,9 @@ class PartitionReads:
         look = await self.lookup(plan)
         result, known = look.result, look.known
         self.metrics.cache_lookups.labels(method_label(plan.method), result.value).inc()
-        if self.seen is not None:
-            self.seen.looked_up(pp.table, result is Result.HIT)
+        seen = self.whole_reads.hits.seen
+        if seen is not None:
+            seen.looked_up(pp.table, result is Result.HIT)
         if result is Result.BYPASS:
             return Served(await call.forward(None, None), "upstream")
         if look.whole is not None and look.whole.hit:

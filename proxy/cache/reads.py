@@ -112,7 +112,6 @@ class WholeReads:
         serve_iceberg: Callable[[], bool],
         max_entry_bytes: int,
         stale_window: float,
-        seen: Seen | None,
         hits: HitCounts,
     ) -> None:
         self.store = store
@@ -125,7 +124,6 @@ class WholeReads:
         self.serve_iceberg = serve_iceberg
         self.max_entry_bytes = max_entry_bytes
         self.stale_window = stale_window
-        self.seen = seen
         self._flights: dict[tuple[str, bytes], asyncio.Future[bytes | None]] = {}
         self._turns: dict[tuple[str, bytes], _Turns] = {}  # fenced reads (see _shared)
 
@@ -133,8 +131,9 @@ class WholeReads:
         """Answer ``call`` from the cache, or from the metastore while filling the cache."""
         look = await self.lookup(plan)
         self.metrics.cache_lookups.labels(method_label(plan.method), look.result.value).inc()
-        if plan.table is not None and self.seen is not None:
-            self.seen.looked_up(plan.table, look.hit)
+        seen = self.hits.seen
+        if plan.table is not None and seen is not None:
+            seen.looked_up(plan.table, look.hit)
         if look.hit:
             return Served(await call.serve(look.reply), "cache")
         if look.fenced:
@@ -263,11 +262,13 @@ class WholeReads:
             # and stands). (The entry's key is a digest of the request, from which the
             # planner, fixed at start, makes the refs.)
             item.stamp(generation)
+            # How its hits are counted, as judged now (a plan of partitions answered whole
+            # while assembly is off is counted as the whole read it then is).
+            seen_hit = negative_seen_as_hit or verdict.result is Result.HIT
+            label = method_label(plan.method)
             if item.counted is None:
-                seen_hit = negative_seen_as_hit or verdict.result is Result.HIT
-                label = method_label(plan.method)
-                item.counted = self.hits.of(label, verdict.result.value, table, seen_hit)
                 l1.charge(item, PREPARED_BYTES)
+            item.counted = self.hits.of(label, verdict.result.value, table, seen_hit)
         if len(item.entry.payload) > largest:
             return None
         return item

@@ -208,6 +208,9 @@ class Again:
 
     def _count(self, tally: int) -> None:
         self.requests.value += tally
+        item = self.item()  # (its counts as last judged, if L1 still holds it)
+        if item is not None and item.counted is not None:
+            self.counted = item.counted
         self.count_hits(self.counted, tally)
         observe = self.duration.observe
         for spent in self.spent[:tally]:

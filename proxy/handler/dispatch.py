@@ -116,25 +116,30 @@ class CallHandler:
             else:
                 outcome = await self._forward(session, message, client, spec)
         except ClientGone:
-            self.metrics.requests.labels(label, "upstream_error").inc()
+            self.count_call(label, "upstream_error")
             raise
         except ConnectionError as exc:  # the client's side, while it was being answered
-            self.metrics.requests.labels(label, "client_gone").inc()
+            self.count_call(label, "client_gone")
             raise ClientGone(f"client connection lost: {exc}") from exc
         except Exception:
-            self.metrics.requests.labels(label, "internal_error").inc()
+            self.count_call(label, "internal_error")
             log.exception("%s: internal error answering %s", session.peer, header.name)
             await fail(
                 client, message, AppErrorType.INTERNAL_ERROR, "hms-cache-proxy internal error"
             )
             return
-        self._count_request(label, outcome, source, started)
+        self.count_call(label, outcome, source, time.perf_counter() - started)
 
-    def _count_request(self, label: str, outcome: str, source: str, started: float) -> None:
-        """Count a call answered (``label``: its method's), however it was: the one place a
-        call is counted but for an Again's batches (:meth:`.again.Again.settle`)."""
+    def count_call(
+        self, label: str, outcome: str, source: str | None = None, took: float = 0.0
+    ) -> None:
+        """Count a call (``label``: its method's) with its outcome, however it was answered
+        (the awaited path, a hit at once, a flight): the one place a call is counted but for
+        an Again's batches (:meth:`.again.Again.settle`). ``source``: where its reply came
+        from (``cache`` or ``upstream``), ``took`` seconds; ``None``: no reply went out."""
         self.metrics.requests.labels(label, outcome).inc()
-        self.metrics.request_duration.labels(label, source).observe(time.perf_counter() - started)
+        if source is not None:
+            self.metrics.request_duration.labels(label, source).observe(took)
 
     async def _forward(
         self,
@@ -208,6 +213,7 @@ class CallHandler:
             message.header,
             pool,
             self.metrics,
+            self.count_call,
             write,
             hand_over,
             landed,
@@ -334,9 +340,9 @@ class CallHandler:
         try:
             write(reply)
         except ConnectionError as exc:
-            self.metrics.requests.labels(label, "client_gone").inc()
+            self.count_call(label, "client_gone")
             raise ClientGone(f"client connection lost: {exc}") from exc
-        self._count_request(label, outcome, "cache", started)
+        self.count_call(label, outcome, "cache", time.perf_counter() - started)
 
     def end_session(self, session: SessionState) -> None:
         self.identities.end_session(session)

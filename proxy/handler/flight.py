@@ -45,6 +45,7 @@ class Flight:
 
     __slots__ = (
         "conn",
+        "count_call",
         "framed",
         "hand_over",
         "header",
@@ -68,6 +69,7 @@ class Flight:
         header: MessageHeader,
         pool: UpstreamPool,
         metrics: Metrics,
+        count_call: Callable[[str, str, str | None, float], None],
         write: Callable[[bytes], None],
         hand_over: Callable[[Sent], None],
         landed: Callable[[bool], None],
@@ -80,6 +82,7 @@ class Flight:
         self.header = header
         self.pool = pool
         self.metrics = metrics
+        self.count_call = count_call  # (CallHandler.count_call)
         self.write = write
         self.hand_over = hand_over
         self.landed = landed
@@ -161,13 +164,11 @@ class Flight:
         self._stop()
         self.pool.release(self.conn, reusable=True)
         label = method_label(self.header.name)
-        metrics = self.metrics
-        metrics.requests.labels(label, outcome).inc()
         gone = outcome == "client_gone"
+        self.count_call(label, outcome, None if gone else "upstream", took)
         if not gone:  # (counted as the ordinary way counts them)
-            metrics.upstream_requests.labels(label, "ok").inc()
-            metrics.upstream_duration.labels(label).observe(took)
-            metrics.request_duration.labels(label, "upstream").observe(took)
+            self.metrics.upstream_requests.labels(label, "ok").inc()
+            self.metrics.upstream_duration.labels(label).observe(took)
         self.landed(gone)
 
     def ended(self) -> None:

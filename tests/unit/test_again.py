@@ -483,6 +483,13 @@ def test_an_again_answers_exactly_while_its_item_stands() -> None:
             finally:
                 standing.until = until
             assert answered == {True, False}
+            # Let go by L1 and by everything else: nothing to answer from.
+            item.judged_under, item.expires_at = generation, math.inf
+            assert again.answer(get_table(4), Written())  # type: ignore[arg-type]
+            del item
+            r.cache.l1.clear()
+            assert again.item() is None
+            assert not again.answer(get_table(5), Written())  # type: ignore[arg-type]
 
     asyncio.run(run())
 
@@ -530,7 +537,7 @@ def test_answers_again_are_counted_together_and_all_of_them_by_a_scrape() -> Non
     async def run() -> None:
         async with a_connection() as (r, client):
             assert r.cache is not None
-            seen = r.cache.whole.seen = r.cache.hits.seen = Activity(show_names=True)
+            seen = r.cache.hits.seen = Activity(show_names=True)
             metrics_port = MetricsServer(HostPort("127.0.0.1", 0), r.metrics)
             await metrics_port.start()
             try:
@@ -596,7 +603,7 @@ def test_a_bug_in_counting_loses_those_counts_only(caplog: pytest.LogCaptureFixt
     async def run() -> None:
         async with a_connection() as (r, client):
             assert r.cache is not None
-            seen = r.cache.whole.seen = r.cache.hits.seen = Activity(show_names=True)
+            seen = r.cache.hits.seen = Activity(show_names=True)
 
             def broken(table: TableRef, hit: bool, times: int = 1) -> None:
                 if times > 1:

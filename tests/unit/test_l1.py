@@ -118,3 +118,18 @@ def test_an_item_evicted_or_cleared_is_retired() -> None:
     kept = judged(l1, "k1", "k2")
     l1.clear()
     assert l1.bytes == 0 and all(item.judged_under == RETIRED for item in kept)
+
+
+def test_a_copy_is_held_no_longer_than_its_entry_lives() -> None:
+    # L1.put takes the sooner of the time it is given and the entry's own expiry: the one
+    # clock a hit in process reads (Item.expires_at, see l1.stands).
+    l1 = L1(8 * SIZE)
+    before = time.monotonic()
+    l1.put("entry sooner", entry(ttl=5), 60)
+    l1.put("ttl sooner", entry(ttl=60), 5)
+    l1.put("expired", entry(ttl=-1), 60)
+    after = time.monotonic()
+    sooner, shorter = items(l1, "entry sooner", "ttl sooner")
+    assert before + 4 < sooner.expires_at <= after + 5
+    assert before + 4 < shorter.expires_at <= after + 5
+    assert not held(l1, "expired")

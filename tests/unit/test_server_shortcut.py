@@ -386,7 +386,7 @@ def test_a_hit_answered_at_once_is_counted_once_its_reply_is_written(
     async def run() -> None:
         async with rig() as r:
             assert r.cache is not None
-            seen = r.cache.whole.seen = r.cache.hits.seen = Activity(show_names=True)
+            seen = r.cache.hits.seen = Activity(show_names=True)
             r.hms.add_table(DB, T, v="1")
             session = SessionState("shared")
             await r.call(session, "get_table", 1, dbname=DB, tbl_name=T)  # the miss

@@ -139,8 +139,8 @@ def test_the_page_counts_every_call_answered_before_it() -> None:
     async def run() -> None:
         metrics = Metrics()
         proxy = Proxy.build(load({"upstream": "thrift://h:1"}, {}), metrics)
-        assert proxy.cache is not None and isinstance(proxy.cache.whole.seen, Activity)
-        activity = proxy.cache.whole.seen
+        assert proxy.cache is not None and isinstance(proxy.cache.hits.seen, Activity)
+        activity = proxy.cache.hits.seen
         table = TableRef.of("db", "counted_when_settled")
         metrics.settle_with(lambda: activity.looked_up(table, hit=True, times=3))
         assert proxy.http.status is not None

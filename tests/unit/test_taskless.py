@@ -326,3 +326,39 @@ def test_a_connection_with_no_session_counts_what_answered_it_when_it_ends(
             await _until(lambda: _counted(r)[1] == before[1] + 3)
 
     asyncio.run(run())
+
+
+def test_a_connection_with_no_session_counts_what_answered_it_when_it_moves_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its last call's answer, let go for every connection meanwhile, answers it again; then
+    # another call's answer does: the first one's answers are counted then, not lost.
+    from proxy.handler import known_calls
+    from tests.unit.helpers import _counted, _until
+
+    async def run() -> None:
+        async with serving() as (r, port, server):
+            r.hms.add_table(DB, T, v="1")
+            r.hms.add_table(DB, "u", v="1")
+            other = [idl.encode_call("get_table", s, dbname=DB, tbl_name="u") for s in (1, 2, 7)]
+            await call_once(r, port, other[0])  # u cached
+            await call_once(r, port, get_table(1))  # t cached
+            await call_once(r, port, get_table(2))  # t: a hit, its answer kept
+            client = await connect(r, port)
+            for seqid in (3, 4):
+                assert seqid_of(await client.call(get_table(seqid))) == seqid
+            assert not server._sessions  # (answered with none)
+            r.metrics.settle()
+            before = _counted(r)
+            monkeypatch.setattr(known_calls, "KNOWN_CALLS", 1)
+            await call_once(r, port, other[1])  # u: a hit, kept; t, the other call, goes
+            for seqid in (5, 6):  # answered by t's answer, no longer kept
+                assert seqid_of(await client.call(get_table(seqid))) == seqid
+            assert seqid_of(await client.call(other[2])) == 7  # by u's, kept
+            assert not server._sessions
+            assert _counted(r)[:2] == (before[0] + 3, before[1] + 3)  # (u's hit, t's two)
+            await client.close()
+            r.metrics.settle()
+            await _until(lambda: _counted(r)[:2] == (before[0] + 4, before[1] + 4))
+
+    asyncio.run(run())
