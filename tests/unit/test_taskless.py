@@ -21,6 +21,7 @@ from proxy.server import ThriftServer
 from tests.rig.raw import seqid_of
 from tests.unit.helpers import (
     DB,
+    Client,
     T,
     acceptor,
     at_once,
@@ -31,7 +32,7 @@ from tests.unit.helpers import (
     serving,
     session_tasks,
 )
-from tests.unit.inprocess import rig
+from tests.unit.inprocess import Rig, rig
 from tests.unit.scripted_hms import result_of, until
 
 
@@ -294,33 +295,46 @@ def test_a_bug_answering_a_connection_with_no_session_is_logged_and_closes_it(
     asyncio.run(run())
 
 
+async def answered_by_an_again_let_go(
+    r: Rig, port: int, server: ThriftServer, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Client, list[bytes], tuple[float, float, float]]:
+    """A connection with no session whose call t is answered again by t's answer kept for
+    every connection; then t is let go for every connection (a hit on u, kept, takes its
+    place) and the connection asks t twice more, answered by t's answer no longer kept. The
+    connection, u's calls (seqids 2 and 7 unasked) and the counts before the hit on u."""
+    from proxy.handler import known_calls
+    from tests.unit.helpers import _counted
+
+    r.hms.add_table(DB, T, v="1")
+    r.hms.add_table(DB, "u", v="1")
+    other = [idl.encode_call("get_table", s, dbname=DB, tbl_name="u") for s in (1, 2, 7)]
+    await call_once(r, port, other[0])  # u cached
+    await call_once(r, port, get_table(1))  # t cached
+    await call_once(r, port, get_table(2))  # t: a hit, its answer kept
+    client = await connect(r, port)
+    for seqid in (3, 4):
+        assert seqid_of(await client.call(get_table(seqid))) == seqid
+    assert not server._sessions  # (answered with none)
+    r.metrics.settle()
+    before = _counted(r)
+    monkeypatch.setattr(known_calls, "KNOWN_CALLS", 1)
+    await call_once(r, port, other[1])  # u: a hit, kept; t, the other call, goes
+    for seqid in (5, 6):  # answered by t's answer, no longer kept
+        assert seqid_of(await client.call(get_table(seqid))) == seqid
+    return client, other, before
+
+
 def test_a_connection_with_no_session_counts_what_answered_it_when_it_ends(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # It keeps what answered its last call (its calls asked again are compared with it
     # first); if that is let go for every connection meanwhile, the answers it gives after
     # are counted when the connection ends.
-    from proxy.handler import known_calls
     from tests.unit.helpers import _counted, _until
 
     async def run() -> None:
         async with serving() as (r, port, server):
-            r.hms.add_table(DB, T, v="1")
-            r.hms.add_table(DB, "u", v="1")
-            other = [idl.encode_call("get_table", s, dbname=DB, tbl_name="u") for s in (1, 2)]
-            await call_once(r, port, other[0])  # u cached
-            await call_once(r, port, get_table(1))  # t cached
-            await call_once(r, port, get_table(2))  # t: a hit, its answer kept
-            client = await connect(r, port)
-            for seqid in (3, 4):
-                assert seqid_of(await client.call(get_table(seqid))) == seqid
-            assert not server._sessions  # (answered with none)
-            r.metrics.settle()
-            before = _counted(r)
-            monkeypatch.setattr(known_calls, "KNOWN_CALLS", 1)
-            await call_once(r, port, other[1])  # u: a hit, kept; t, the other call, goes
-            for seqid in (5, 6):  # answered by t's answer, no longer kept
-                assert seqid_of(await client.call(get_table(seqid))) == seqid
+            client, _, before = await answered_by_an_again_let_go(r, port, server, monkeypatch)
             assert _counted(r)[1] == before[1] + 1  # (u's hit only)
             await client.close()
             await _until(lambda: _counted(r)[1] == before[1] + 3)
@@ -333,27 +347,11 @@ def test_a_connection_with_no_session_counts_what_answered_it_when_it_moves_on(
 ) -> None:
     # Its last call's answer, let go for every connection meanwhile, answers it again; then
     # another call's answer does: the first one's answers are counted then, not lost.
-    from proxy.handler import known_calls
     from tests.unit.helpers import _counted, _until
 
     async def run() -> None:
         async with serving() as (r, port, server):
-            r.hms.add_table(DB, T, v="1")
-            r.hms.add_table(DB, "u", v="1")
-            other = [idl.encode_call("get_table", s, dbname=DB, tbl_name="u") for s in (1, 2, 7)]
-            await call_once(r, port, other[0])  # u cached
-            await call_once(r, port, get_table(1))  # t cached
-            await call_once(r, port, get_table(2))  # t: a hit, its answer kept
-            client = await connect(r, port)
-            for seqid in (3, 4):
-                assert seqid_of(await client.call(get_table(seqid))) == seqid
-            assert not server._sessions  # (answered with none)
-            r.metrics.settle()
-            before = _counted(r)
-            monkeypatch.setattr(known_calls, "KNOWN_CALLS", 1)
-            await call_once(r, port, other[1])  # u: a hit, kept; t, the other call, goes
-            for seqid in (5, 6):  # answered by t's answer, no longer kept
-                assert seqid_of(await client.call(get_table(seqid))) == seqid
+            client, other, before = await answered_by_an_again_let_go(r, port, server, monkeypatch)
             assert seqid_of(await client.call(other[2])) == 7  # by u's, kept
             assert not server._sessions
             assert _counted(r)[:2] == (before[0] + 3, before[1] + 3)  # (u's hit, t's two)
