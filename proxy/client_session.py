@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from proxy.cache.l1 import Item
 from proxy.client_connection import ClientConnection
 from proxy.handler import ClientGone, SessionState
-from proxy.handler.again import Again
+from proxy.handler.again import Again, replaced
 from proxy.handler.flight import Flight
 from proxy.handler.forward import Sent
 from proxy.handler.identity import authenticated_identity
@@ -113,12 +113,9 @@ class ClientSession:
         self._ending: asyncio.Future[None] | None = None  # what a stop waits on
 
     def keep_again(self, again: Again | None) -> None:
-        """Answer calls again with ``again`` from now on; the one before counts its answers,
-        unless it is still kept for every connection (then its counts wait for others:
-        settled at every connection's end, they cost ~4 us of each of Trino's calls)."""
+        """Answer calls again with ``again`` from now on (see :func:`.again.replaced`)."""
         before, self.again = self.again, again
-        if before is not None and before is not again and not before.kept:
-            before.settle()
+        replaced(before, again)
 
     @property
     def busy(self) -> bool:

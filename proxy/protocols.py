@@ -27,6 +27,7 @@ import logging
 from typing import TYPE_CHECKING, cast
 
 from proxy.handler import ClientGone
+from proxy.handler.again import replaced
 from proxy.handler.session import PeerName
 from proxy.wire.framing import call_without_seqid
 
@@ -89,8 +90,7 @@ def answered_before_a_session(protocol: TasklessProtocol, data: bytes) -> bool:
             if again is None or not again.answer(data, transport):
                 return False
             before, protocol.again = protocol.again, again
-            if before is not None and not before.kept:  # (let go meanwhile: count it now)
-                before.settle()
+            replaced(before, again)  # (let go for every connection meanwhile: counted now)
     except ClientGone as exc:  # (its transport closed: the connection's end follows)
         log.debug("%s: connection ended: %s", PeerName(transport), exc)
         return True

@@ -14,6 +14,7 @@ from proxy.client_connection import WRITE_SLICE
 from proxy.client_session import ClientSession
 from proxy.config import Options
 from proxy.handler import CallHandler
+from proxy.handler.again import replaced
 from proxy.handler.session import PeerName, peer_name
 from proxy.loop import guarded_write
 from proxy.metric_table import AUTH_MECHANISMS
@@ -176,8 +177,7 @@ class ThriftServer:
         counts its answers, unless still kept for every connection (proxy.handler.again)."""
         self._sessionless.discard(protocol)
         again, protocol.again = protocol.again, None
-        if again is not None and not again.kept:
-            again.settle()
+        replaced(again, None)
 
     def idle_out(self, peer: object, idle: float, close: Callable[[], None]) -> None:
         """Close a connection idle for ``idle`` seconds: counted, logged."""

@@ -70,6 +70,15 @@ def prepared(reply: Payload) -> tuple[bytes, Payload, str]:
     return bytes(reply[: at - 4]), memoryview(reply)[at:], outcome
 
 
+def replaced(before: Again | None, after: Again | None) -> None:
+    """A connection answers its calls again with ``after`` from now on, not ``before``:
+    ``before``'s answers are counted now, unless it is still kept with its call for every
+    connection (then its counts wait for others': settled at every connection's end, they
+    cost ~4 us of each of Trino's calls)."""
+    if before is not None and before is not after and not before.kept:
+        before.settle()
+
+
 class Again:
     """What answers a connection's last call again (see the module's docstring).
 

@@ -446,9 +446,7 @@ def repeat_of_call(data: bytes) -> bytes:
 
 
 def repeat_of(seqid: int) -> bytes:
-    repeat = call_without_seqid(get_table(seqid), Transport.BUFFERED)
-    assert repeat is not None
-    return repeat[0]
+    return repeat_of_call(get_table(seqid))
 
 
 def test_an_again_answers_exactly_while_its_item_stands() -> None:
