@@ -71,7 +71,7 @@ def checked_not_counted(self: Again, data: bytes, transport: Any) -> bool:
     now = time.monotonic()
     if (
         item is None
-        or item.judged_under != standing.generation
+        or item.judged_under != item.scope.mark
         or now > standing.until
         or now >= item.expires_at
         or self.invalidations.pending

@@ -12,7 +12,7 @@ is written, as the metastore's JVM does on the same two cores between an engine'
 bytes are made after that, as a socket's are fresh.
 
 Prints the p50 of the whole answer and of its steps, each timed by wrapping (not changing)
-the function that is the step: the store's generation, the request read for its names
+the function that is the step: whether the store is trusted, the request read for its names
 (``Variants.of``), the reply judged and joined (``assembled.answer``, in C), names not
 remembered yet found and remembered (``Variants.remember``), the write and its counts
 (``_written``), the hit's counts after it (``count_assembled``). What the steps leave is the
@@ -91,7 +91,7 @@ async def run(partitions: int, evict_bytes: int) -> None:
                 )
         steps = Steps()
         reads = r.cache.partitions
-        steps.wrap(reads.store, "generation", "generation")
+        steps.wrap(reads.store, "in_process", "in_process")
         steps.wrap(reads.variants, "of", "names read (Variants.of)")
         steps.wrap(partition_reads.assembled, "answer", "judged and joined (answer, C)")
         steps.wrap(reads.variants, "remember", "names remembered (remember)")

@@ -166,7 +166,7 @@ static PyObject *alive(PyObject *ref) {
 }
 
 /*
- * answer(found, names, generation, now, wall, head, before, closing, largest)
+ * answer(found, names, mark, now, wall, head, before, closing, largest)
  * -> None | (reply | None, whole) | [index of a name not remembered, ...]: see
  * proxy.cache.assembled.py_answer.
  *
@@ -179,7 +179,7 @@ static PyObject *answer(PyObject *module, PyObject *const *args, Py_ssize_t narg
         !PyBytes_Check(args[5]) || !PyBytes_Check(args[6]) || !PyBytes_Check(args[7]) ||
         !PyLong_Check(args[8])) {
         PyErr_SetString(PyExc_TypeError,
-                        "answer(found: dict, names: list, generation: int, now: float, "
+                        "answer(found: dict, names: list, mark: int, now: float, "
                         "wall: float, head: bytes, before: bytes, closing: bytes, largest: int)");
         return NULL;
     }
@@ -189,11 +189,11 @@ static PyObject *answer(PyObject *module, PyObject *const *args, Py_ssize_t narg
     }
     PyObject *found = args[0], *names = args[1];
     int overflow = 0;
-    long long generation = PyLong_AsLongLongAndOverflow(args[2], &overflow);
-    if (generation == -1 && PyErr_Occurred())
+    long long mark = PyLong_AsLongLongAndOverflow(args[2], &overflow);
+    if (mark == -1 && PyErr_Occurred())
         return NULL;
     if (overflow)
-        Py_RETURN_NONE;  /* (no stamp is one: L1's generations are counts) */
+        Py_RETURN_NONE;  /* (no stamp is one: marks are counts) */
     double now = PyFloat_AS_DOUBLE(args[3]), wall = PyFloat_AS_DOUBLE(args[4]);
     Py_ssize_t largest = PyLong_AsLongAndOverflow(args[8], &overflow);
     if (largest == -1 && PyErr_Occurred())
@@ -217,7 +217,7 @@ static PyObject *answer(PyObject *module, PyObject *const *args, Py_ssize_t narg
         PyErr_NoMemory();
         goto done;
     }
-    /* Every item remembered alive, held, judged under this generation, unexpired; the names
+    /* Every item remembered alive, held, judged at this mark, unexpired; the names
      * not remembered (or whose item is gone) listed. */
     Py_ssize_t total = PyBytes_GET_SIZE(args[5]) + PyBytes_GET_SIZE(args[6]) + 4 +
                        PyBytes_GET_SIZE(args[7]);
@@ -236,7 +236,7 @@ static PyObject *answer(PyObject *module, PyObject *const *args, Py_ssize_t narg
         }
         items[i] = item;
         PyObject *entry = SLOT(item, layout.entry);
-        if (!int_is(SLOT(item, layout.judged_under), generation) ||
+        if (!int_is(SLOT(item, layout.judged_under), mark) ||
             !(seconds(SLOT(item, layout.expires_at)) > now) || entry == NULL ||
             !Py_IS_TYPE(entry, layout.entry_type) ||
             !(seconds(SLOT(entry, layout.entry_expires_at)) > wall))
@@ -353,7 +353,7 @@ static PyMethodDef methods[] = {
      "configure($module, item_type, entry_type, absent_flag, /)\n--\n\n"
      "where the slots of Item and Entry are"},
     {"answer", (PyCFunction)(void (*)(void))answer, METH_FASTCALL,
-     "answer($module, found, names, generation, now, wall, head, before, closing, largest, /)"
+     "answer($module, found, names, mark, now, wall, head, before, closing, largest, /)"
      "\n--\n\nsee proxy.cache.assembled.py_answer"},
     {NULL, NULL, 0, NULL},
 };

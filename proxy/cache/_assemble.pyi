@@ -10,7 +10,7 @@ def configure(item_type: type[Item], entry_type: type[Entry], absent_flag: int, 
 def answer(
     found: dict[bytes, weakref.ref[Item]],
     names: list[bytes],
-    generation: int,
+    mark: int,
     # Exactly floats (the C code checks): mypy would let an int through, which raises here.
     now: float,
     wall: float,

@@ -5,9 +5,9 @@ query's pruned list, the next query's): such a request is new each time, and pla
 (its arguments decoded, 100 names parsed, 100 version fields, refs and keys, the look-up
 grouped by hash) cost more than everything else its hit does. Here a request is answered
 without a plan when every partition it names is in process and was judged current under
-the store's version generation that still stands (``Item.judged_under``: stamped by
-:meth:`.partition_reads.PartitionReads.lookup` with the generation read before its versions,
-so any change since has moved it):
+its table's scope as it stands (``Item.judged_under``: stamped by
+:meth:`.partition_reads.PartitionReads.lookup` with the mark of the table's version hash
+read before its versions, so any change to the hash since has moved it, see :mod:`.scopes`):
 
 1. The request's arguments but the names list are looked up among the variants planned
    before (:class:`Variant`: the table, and where its partitions' entries are kept for those
@@ -16,7 +16,7 @@ so any change since has moved it):
    with its partition's item in process (weakly: ``Variant.found``); any other is parsed (a
    memo) to its columns, which must be the variant's (the metastore matches a name whole),
    and its entry key, as the planner does, and its item found by that key.
-3. Each item must be held, stamped with today's generation, unexpired, and named once
+3. Each item must be held, stamped with the table's mark of today, unexpired, named once
    (:func:`.l1.judged`; an item L1 let go or replaced is retired, its stamp never
    current again, so a remembered one that fails is looked up once more by key). Then the
    reply is the HMS's: the partitions it has, in name order.
@@ -88,6 +88,7 @@ class Variant:
 
     table: TableRef
     tag: str
+    versions: str  # the table's version hash, which its partitions are judged from
     entries: str  # what every partition entry's key starts with (Naming.partition_entries)
     columns: str  # the planned names' columns (keys.partition_columns): the variant's own
     # Names asked with these arguments -> their partition's item in process, as last found
@@ -118,10 +119,11 @@ class Variants:
         self.names_paths[method] = pp.names_path
         key = (method, other, who)
         entries = self.naming.partition_entries(pp.tag, pp.variant)
-        variant = Variant(pp.table, pp.tag, entries, pp.columns)
+        versions = self.naming.versions(pp.tag)
+        variant = Variant(pp.table, pp.tag, versions, entries, pp.columns)
         if self.memo.get(key) == variant:  # (compared but for its names: kept with them)
             return
-        size = len(other) + len(who) + len(variant.entries) + 2 * len(variant.tag) + 300
+        size = len(other) + len(who) + len(entries) + len(versions) + 2 * len(pp.tag) + 300
         self.memo.put(key, variant, size)
 
     def items(
@@ -224,7 +226,7 @@ Answer = tuple[bytes | None, bool]
 def py_answer(
     found: dict[bytes, weakref.ref[Item]],
     names: list[bytes],
-    generation: int,
+    mark: int,
     now: float,
     wall: float,
     head: bytes,
@@ -239,17 +241,17 @@ def py_answer(
     items = list(map(_alive, map(found.get, names, itertools.repeat(_GONE))))
     if not all(items):  # (not ``None in``: that compares each item with None)
         held = [item for item in items if item is not None]
-        if held and not current(held, generation, now, wall):
+        if held and not current(held, mark, now, wall):
             return None
         return [at for at, item in enumerate(items) if item is None]
     held = cast(list[Item], items)  # (no None left)
-    return answer_items(names, held, generation, now, wall, head, before, closing, largest)
+    return answer_items(names, held, mark, now, wall, head, before, closing, largest)
 
 
 def answer_items(
     names: list[bytes],
     items: list[Item],
-    generation: int,
+    mark: int,
     now: float,
     wall: float,
     head: bytes,
@@ -264,7 +266,7 @@ def answer_items(
     whether every partition named is there); ``(None, whole)`` where the reply would be
     longer than ``largest``. ``None``: the items are not judged current (or one is named
     twice), nothing decided."""
-    if not judged(items, generation, now, wall):
+    if not judged(items, mark, now, wall):
         return None
     pairs = present(names, items)
     whole = len(pairs) == len(items)

@@ -93,7 +93,7 @@ class CacheEngine:
         # Decoded replies kept in process: in front of a shared store, its whole budget; in
         # front of the embedded store (whose entries are in process, but encoded: a decode
         # and a copy on every hit), an eighth of it, for the hottest entries.
-        self.l1 = L1(l1_bytes if store.compress else l1_bytes // 8)
+        self.l1 = L1(l1_bytes if store.compress else l1_bytes // 8, store.standing.scopes)
         self.dictionaries = Dictionaries(store, self.naming)
         self.invalidations = Invalidations(
             store,
@@ -264,7 +264,7 @@ class CacheEngine:
         if isinstance(self.store, MemoryStore):
             return self.store.entry_count, self.store.stored_bytes, "embedded"
         kind = "redis-cluster" if getattr(self.store, "cluster", False) else "redis"
-        return len(self.l1), self.l1.bytes, kind
+        return len(self.l1), self.l1.held_bytes(), kind
 
     async def flush(self) -> int:
         if self.l1 is not None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from proxy.cache.entry import Entry, Payload
+from proxy.cache.scopes import NOWHERE, Scope, Scopes
 
 if TYPE_CHECKING:
     from proxy.cache.hit_counts import HitCount
@@ -29,7 +30,7 @@ _TRUE = itertools.repeat(True)
 
 # Item.judged_under of an item not judged since it was kept, and of one no longer held
 # (never stamped again, see Item.stamp: a stamp that stands says the item is held). No
-# store's generation is either.
+# scope's mark is either.
 UNJUDGED = -1
 RETIRED = -2
 # What an item's hits keep beside it once one is answered at once (its HitCount, the reply's
@@ -53,11 +54,12 @@ class Item:
     # clock a hit in process is checked against (see stands).
     expires_at: float
     size: int
-    # The one stamp of a judgement in process: the store's version generation under which
-    # it was last judged a hit (a whole reply, see WholeReads.judged_now) or current (a
-    # partition, see PartitionReads.lookup and .assembled); UNJUDGED: not since it was
-    # kept; RETIRED: no longer held.
+    # The one stamp of a judgement in process: the mark its scope (the version hashes it
+    # was judged from, see .scopes) had when it was last judged a hit (a whole reply, see
+    # WholeReads.judged_now) or current (a partition, see PartitionReads.lookup and
+    # .assembled); UNJUDGED: not since it was kept; RETIRED: no longer held.
     judged_under: int = UNJUDGED
+    scope: Scope = NOWHERE
     # Used by a hit that did not move it in LRU order (see judged): L1._evict gives
     # it a second chance.
     used: bool = False
@@ -67,53 +69,55 @@ class Item:
     counted: HitCount | None = None
     answer: tuple[bytes, Payload, str] | None = None
 
-    def stamp(self, generation: int) -> None:
-        """Judged a hit, or current, under ``generation`` (if still held: a read that looked
-        the item up before an await may judge it after L1 let it go)."""
+    def stamp(self, mark: int, scope: Scope) -> None:
+        """Judged a hit, or current, from ``scope``'s hashes as they were at its ``mark``
+        (read before them; if still held: a read that looked the item up before an await
+        may judge it after L1 let it go)."""
         if self.judged_under != RETIRED:
-            self.judged_under = generation
+            self.judged_under = mark
+            self.scope = scope
 
     def retire(self) -> None:
         """It left L1: nothing judged of it stands again, and its prepared reply goes
         (whoever still remembers it weakly finds it gone, or retired)."""
         self.judged_under = RETIRED
         self.answer = None
+        self.scope = NOWHERE  # (its scope goes with the last item judged under it)
 
 
 def stands(item: Item, standing: Standing, now: float) -> bool:
     """The hit rule in process, for every way that serves a hit judged before without
-    judging it again (a call answered again, a repeated request, a whole reply kept): it
-    was judged under the store's generation that still stands (nothing a version look-up
-    answers has changed since: :class:`.store.Standing`), what the store keeps in process
-    is trusted at ``now`` (monotonic), and ``item`` has not expired (a retired one's stamp
-    is no generation). :func:`current` is the same rule for a request's partitions, and
-    ``_assemble.c`` its C twin; ``Again.answer`` writes it out (a call costs that path
-    several microseconds cold), held to it by tests/unit/test_again.py."""
-    return (
-        item.judged_under == standing.generation and now <= standing.until and now < item.expires_at
-    )
+    judging it again (a call answered again, a repeated request, a whole reply kept): its
+    scope has not moved since it was judged (nothing a version look-up answers for the
+    hashes it read has changed: :mod:`.scopes`), what the store keeps in process is trusted
+    at ``now`` (monotonic, :class:`.store.Standing`), and ``item`` has not expired (a
+    retired one's stamp is no mark). :func:`current` is the same rule for a request's
+    partitions, and ``_assemble.c`` its C twin; ``Again.answer`` writes it out (a call
+    costs that path several microseconds cold), held to it by tests/unit/test_again.py."""
+    return item.judged_under == item.scope.mark and now <= standing.until and now < item.expires_at
 
 
-def current(items: list[Item], generation: int, now: float, wall: float) -> bool:
+def current(items: list[Item], mark: int, now: float, wall: float) -> bool:
     """Whether every one of ``items`` (at least one) is held, unexpired (``now`` monotonic,
-    ``wall`` Unix time) and judged current under ``generation`` (``Item.judged_under``;
-    a stamp that stands says the item is held): :func:`stands` for each (the caller
-    checked the generation stands at ``now``)."""
+    ``wall`` Unix time) and judged current at ``mark``, their table's scope's (a mark is
+    given to one scope once, so a stamp equal to it says the item was judged under that
+    scope as it stands; a stamp that stands says the item is held): :func:`stands` for
+    each (the caller checked the store is trusted at ``now``)."""
     # A request's hundred partitions: each test one loop in C (map), not a Python
     # iteration per partition with its attribute look-ups.
     # (``now <`` each, not ``min() <= now``: a NaN is never later than anything.)
     return (
         bool(items)
-        and set(map(_stamp, items)) == {generation}
+        and set(map(_stamp, items)) == {mark}
         and all(map(operator.lt, itertools.repeat(now), map(_expires, items)))
         and all(map(operator.lt, itertools.repeat(wall), map(_entry_expires, items)))
     )
 
 
-def judged(items: list[Item], generation: int, now: float, wall: float) -> bool:
+def judged(items: list[Item], mark: int, now: float, wall: float) -> bool:
     """Whether ``items`` are :func:`current` and distinct (two names of one partition are
     not); if so, they are used (L1's LRU order)."""
-    if not current(items, generation, now, wall) or len(set(items)) != len(items):
+    if not current(items, mark, now, wall) or len(set(items)) != len(items):
         return False
     # Marked used rather than moved to the end: a hundred OrderedDict moves touch as much
     # cold memory as the rest of the test (see L1._evict).
@@ -122,10 +126,18 @@ def judged(items: list[Item], generation: int, now: float, wall: float) -> bool:
 
 
 class L1:
-    def __init__(self, max_bytes: int) -> None:
+    """``scopes``: those its items are judged under (at most one an item), whose bytes count
+    against ``max_bytes`` with the items' own."""
+
+    def __init__(self, max_bytes: int, scopes: Scopes | None = None) -> None:
         self.max_bytes = max_bytes
         self._items: OrderedDict[str, Item] = OrderedDict()
-        self.bytes = 0
+        self.bytes = 0  # the items' own
+        self.scopes = scopes if scopes is not None else Scopes()
+
+    def held_bytes(self) -> int:
+        """What the items and their scopes keep."""
+        return self.bytes + self.scopes.bytes
 
     def get(self, key: str) -> Entry | None:
         item = self.item(key)
@@ -172,16 +184,26 @@ class L1:
         if key in self._items:
             self._items.move_to_end(key)
 
-    def put(self, key: str, entry: Entry, ttl: float, *, judged_under: int = UNJUDGED) -> None:
+    def put(
+        self,
+        key: str,
+        entry: Entry,
+        ttl: float,
+        *,
+        judged_under: int = UNJUDGED,
+        scope: Scope = NOWHERE,
+    ) -> None:
         """Keep ``entry`` for at most ``ttl`` seconds and never past its expiry;
-        ``judged_under``: a partition's, the generation under which it is known current
-        (see Item.judged_under)."""
+        ``judged_under`` and ``scope``: a partition's, the mark of the scope under which it
+        is known current (see Item.judged_under)."""
         size = len(key) + len(entry.payload) + OVERHEAD_BYTES
         ttl = min(ttl, entry.expires_at - time.time())
         if size > self.max_bytes // 4 or not ttl > 0:
             return  # one entry never pushes out most of the others
         self.pop(key)
-        item = Item(key, entry, time.monotonic() + ttl, size, judged_under=judged_under)
+        item = Item(
+            key, entry, time.monotonic() + ttl, size, judged_under=judged_under, scope=scope
+        )
         self._items[key] = item
         self.bytes += size
         self._evict()
@@ -194,7 +216,8 @@ class L1:
         this ends."""
         items = self._items
         newest = next(reversed(items), None)
-        while self.bytes > self.max_bytes and len(items) > 1:
+        scopes = self.scopes
+        while self.bytes + scopes.bytes > self.max_bytes and len(items) > 1:
             key, old = items.popitem(last=False)
             if old.used or key == newest:
                 old.used = False

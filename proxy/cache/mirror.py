@@ -76,9 +76,9 @@ class VersionMirror:
         self._sizes: dict[str, int] = {}
         self.bytes = 0
         self._seq = 0  # counts invalidations and resynchronisations
-        # Its generation changes whenever a field get() could answer changes or goes, and
-        # it is trusted until the oldest stream's newest beat is max_lag old (rule 1; see
-        # Store.generation).
+        # Its scopes move whenever a field get() could answer changes or goes, and it is
+        # trusted until the oldest stream's newest beat is max_lag old (rule 1; see
+        # Store.in_process).
         self.standing = Standing(-math.inf)
         self._floor = 1  # tickets below this learn nothing (taken before a resubscription)
         self._dropped: dict[str, int] = {}  # key -> seq of its latest invalidation
@@ -87,10 +87,6 @@ class VersionMirror:
         self.lags: list[float] = []  # beats' delivery times, for the metrics to take
 
     # -- the streams -----------------------------------------------------------------------
-
-    @property
-    def generation(self) -> int:
-        return self.standing.generation
 
     def reset(self, streams: int) -> None:
         """The set of streams changed (a new connection, a new cluster topology)."""
@@ -195,13 +191,13 @@ class VersionMirror:
         self._forget_all()
 
     def _drop(self, key: str, seq: int) -> None:
-        self.standing.generation += 1
+        self.standing.scopes.moved(key)
         self._dropped[key] = seq
         if self._hashes.pop(key, None) is not None:
             self.bytes -= self._sizes.pop(key)
 
     def _forget_all(self) -> None:
-        self.standing.generation += 1
+        self.standing.scopes.moved_all()
         self._seq += 1
         self._floor = self._seq + 1
         self._hashes.clear()
@@ -249,14 +245,14 @@ class VersionMirror:
             if name not in known:
                 added += FIELD_OVERHEAD + len(name) + (len(value) if value else 0)
             elif known[name] != value:
-                self.standing.generation += 1  # (a newer value than a hit may have been judged by)
+                self.standing.scopes.moved(key)  # (newer than a hit may have been judged by)
             known[name] = value
         self._sizes[key] += added
         self.bytes += added
         while self.bytes > self.max_bytes and self._hashes:
             old, _ = self._hashes.popitem(last=False)
             self.bytes -= self._sizes.pop(old)
-            self.standing.generation += 1
+            self.standing.scopes.moved(old)
 
     def __len__(self) -> int:
         return len(self._hashes)

@@ -36,9 +36,10 @@ from proxy.cache.decide import (
 )
 from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.keys import EPOCH, Naming, TableRef, partition_field
-from proxy.cache.l1 import L1, UNJUDGED, Item
+from proxy.cache.l1 import L1, Item
 from proxy.cache.plan import PartitionPlan, ReadPlan
 from proxy.cache.reads import Pending, ReadCall, Served, WholeReads
+from proxy.cache.scopes import Scope
 from proxy.cache.store import CacheUnavailable, Found, Store
 from proxy.memo import BoundedMemo
 from proxy.metrics import Metrics, method_label
@@ -66,9 +67,10 @@ class PartitionLookup:
     whole: Verdict | None = None  # the request's whole-reply entry, judged (None: bypass)
     expires_at: float = float("inf")  # the soonest expiry of the partitions found current
     absent: bool = False  # one of them is a partition the metastore does not have
-    # The store's generation read before the versions (None: not trusted): what the
-    # partitions judged current, or filled under these versions, are current under.
-    generation: int | None = None
+    # The mark of the table's scope read before the versions, with the scope (None: not
+    # kept in process): what the partitions judged current, or filled under these
+    # versions, are stamped with.
+    stamp: tuple[int, Scope] | None = None
 
 
 class AssembledHit(NamedTuple):
@@ -161,9 +163,9 @@ class PartitionReads:
             # Unexpected shape for a subset: let the HMS answer the whole request instead.
             return Served(await call.forward(None, None), "upstream")
         if versions is not None:
-            # (Versions made now, an epoch, moved the generation: the stamp then says
+            # (Versions made now, an epoch, moved the table's scope: the stamp then says
             # nothing, as it should.)
-            await self.fill(plan, versions, missing, got, judged_under=look.generation)
+            await self.fill(plan, versions, missing, got, stamp=look.stamp)
         if whole:
             return Served(await call.send(reply.data), "upstream")
         return Served(await call.send(self._assembled(plan, seqid, {**known, **got})), "upstream")
@@ -172,7 +174,7 @@ class PartitionReads:
         self, method: str, args: bytes, who: bytes, seqid: int, largest: int
     ) -> AssembledHit | None:
         """The reply to a request never planned, if it can be assembled at once from
-        partitions judged current under the generation that stands (see :mod:`.assembled`),
+        partitions judged current under their table's scope as it stands (see :mod:`.assembled`),
         to count with :meth:`count_assembled`; ``None``: plan it. ``who``: the user as the
         planner takes it."""
         l1 = self.l1
@@ -183,23 +185,23 @@ class PartitionReads:
         asked = hash(args)
         if asked in self.assembled_once:
             return None
-        generation = self.store.generation()
-        if generation is None:
+        if not self.store.in_process():
             return None
         known = self.variants.of(method, args, who)
         if known is None:
             return None
         variant, names = known
+        mark = self.store.standing.scopes.of((variant.versions,)).mark
         now, wall = time.monotonic(), time.time()
         framing = (encode_header(method, MessageType.REPLY, seqid), *parts.result_framing(method))
         # The items the names had last time, judged and joined in one step (C); the names
         # not remembered yet first found by their keys and remembered...
         found = variant.found
-        got = assembled.answer(found, names, generation, now, wall, *framing, largest)
+        got = assembled.answer(found, names, mark, now, wall, *framing, largest)
         if isinstance(got, list):
             if self.variants.remember(variant, [names[at] for at in got], l1.peek) is None:
                 return None  # (a name not held, or of other columns: plan it)
-            got = assembled.answer(found, names, generation, now, wall, *framing, largest)
+            got = assembled.answer(found, names, mark, now, wall, *framing, largest)
         count = len(names)
         if not isinstance(got, tuple):
             # ... else found by their keys; if those are not all current, or one is named
@@ -208,13 +210,13 @@ class PartitionReads:
             items = self.variants.items(variant, names, l1.peek)
             if items is None:
                 return None
-            got = assembled.answer_items(names, items, generation, now, wall, *framing, largest)
+            got = assembled.answer_items(names, items, mark, now, wall, *framing, largest)
             if got is None:
                 names = list(dict.fromkeys(names))  # (a name asked twice: one partition, once)
                 items = self.variants.items(variant, names, l1.peek, afresh=True)
                 if items is None:
                     return None
-                got = assembled.answer_items(names, items, generation, now, wall, *framing, largest)
+                got = assembled.answer_items(names, items, mark, now, wall, *framing, largest)
                 if got is None:
                     return None
             count = len(items)
@@ -248,10 +250,11 @@ class PartitionReads:
         assert pp is not None
         if not self.assemble or (self.pending.pending and not await self.pending.settled()):
             return PartitionLookup(Result.BYPASS)
-        # Read before the versions: a partition judged current is so under this generation
-        # at least (a change since moves it), which the assembled path reads (.assembled).
-        generation = self.store.generation()
         key = self.naming.versions(pp.tag)
+        # Read before the versions: a partition judged current is so at this mark of its
+        # table's scope at least (a change since moves it), which the assembled path reads
+        # (.assembled).
+        stamp = self._stamp(key)
         wanted = pp.wanted_fields
         entry_keys = pp.entry_keys
         l1 = self.l1
@@ -285,12 +288,12 @@ class PartitionReads:
         current = dict(versions[key])
         if fenced_fields(wanted, versions):
             return PartitionLookup(Result.BYPASS)
-        # Stamps say "current while the generation stands": only of versions kept in
-        # process, whose every change moves it (a hash Redis answered for and the mirror
-        # did not learn, a cluster slot without a stream of ours, would not).
+        # Stamps say "current while the scope stands": only of versions kept in process,
+        # whose every change moves it (a hash Redis answered for and the mirror did not
+        # learn, a cluster slot without a stream of ours, would not).
         if known is None and self.store.local(wanted) is None:
-            generation = None
-        out = PartitionLookup(Result.MISS, versions=current, generation=generation)
+            stamp = None
+        out = PartitionLookup(Result.MISS, versions=current, stamp=stamp)
         out.whole = await self._judge_whole(plan, versions, whole_front, found.get(plan.key))
         if out.whole.hit:
             out.result = out.whole.result
@@ -316,17 +319,35 @@ class PartitionReads:
             current_entry, payload = judge_partition(entry, current, version_field, now)
             if not current_entry:
                 continue
-            if item is not None and generation is not None:
-                item.stamp(generation)
+            if item is not None and stamp is not None:
+                item.stamp(*stamp)
             out.known[values] = payload
             out.expires_at = min(out.expires_at, entry.expires_at)
             out.absent = out.absent or payload is None
             if from_store and l1 is not None:
-                stamp = generation if generation is not None else UNJUDGED
-                l1.put(ekey, entry, entry.ttl, judged_under=stamp)
+                self._keep(ekey, entry, entry.ttl, stamp)
         if len(out.known) == len(pp.values):
             out.result = Result.HIT
         return out
+
+    def _stamp(self, key: str) -> tuple[int, Scope] | None:
+        """What partitions judged from the table's version hash ``key`` now are stamped
+        with: its scope's mark, with the scope (``None``: versions not kept in process)."""
+        if not self.store.in_process():
+            return None
+        scope = self.store.standing.scopes.of((key,))
+        return scope.mark, scope
+
+    def _keep(
+        self, key: str, entry: codec.Entry, ttl: float, stamp: tuple[int, Scope] | None
+    ) -> None:
+        """Keep a partition's entry in process, judged current at ``stamp`` if given."""
+        if self.l1 is None:
+            return
+        if stamp is None:
+            self.l1.put(key, entry, ttl)
+        else:
+            self.l1.put(key, entry, ttl, judged_under=stamp[0], scope=stamp[1])
 
     def _keep_whole(self, plan: ReadPlan, look: PartitionLookup, reply: bytes, asked: int) -> None:
         """Keep an assembled reply whole in process, so that the same request is next
@@ -397,15 +418,15 @@ class PartitionReads:
         asked: Sequence[Values],
         got: dict[Values, bytes],
         *,
-        judged_under: int | None = None,
+        stamp: tuple[int, Scope] | None = None,
     ) -> None:
         """Store what the HMS returned for ``asked``, and remember the rest as absent;
-        ``judged_under``: the generation read before ``versions`` were (see
-        :class:`PartitionLookup`), under which the in-process copies are current."""
+        ``stamp``: the mark of the table's scope read before ``versions`` were (see
+        :class:`PartitionLookup`), at which the in-process copies are current."""
         pp = plan.partitions
         assert pp is not None
-        if judged_under is not None and self.store.local(pp.wanted_fields) is None:
-            judged_under = None  # (no longer kept in process: see lookup)
+        if stamp is not None and self.store.local(pp.wanted_fields) is None:
+            stamp = None  # (no longer kept in process: see lookup)
         compress = self.store.compress
         sample = next(iter(got.values()), None)
         # The embedded store keeps entries uncompressed: no dictionary to make or keep.
@@ -426,9 +447,7 @@ class PartitionReads:
                 entry = codec.Entry(fp, codec.ABSENT, b"", expires)
                 value = codec.encode(fp, codec.ABSENT, b"", plan.ttl, compress=False)
             items.append((ekey, value, plan.ttl))
-            if self.l1 is not None:
-                stamp = judged_under if judged_under is not None else UNJUDGED
-                self.l1.put(ekey, entry, plan.ttl, judged_under=stamp)
+            self._keep(ekey, entry, plan.ttl, stamp)
         if dictionary is not None:
             dkey = self.naming.dictionary(pp.tag, dictionary[0].hex())
             items.append((dkey, dictionary[1], self.dictionary_ttl))

@@ -248,20 +248,21 @@ class WholeReads:
             return None
         standing = self.store.standing
         if not stands(item, standing, time.monotonic()):
-            generation = self.store.generation()
-            if generation is None:
+            if not self.store.in_process():
                 return None
+            scope = standing.scopes.of(plan.grouped)
+            mark = scope.mark  # (read before the versions)
             versions = self.store.local(plan.grouped)
             if versions is None:
                 return None
             verdict = judge(plan.refs, versions, item.entry, now=time.time(), serve_iceberg=True)
             if not verdict.hit:
                 return None
-            # Nothing a version look-up could answer changes while the generation stands:
-            # the same judgement until then, but for the item's expiry (checked by L1.item
-            # and stands). (The entry's key is a digest of the request, from which the
-            # planner, fixed at start, makes the refs.)
-            item.stamp(generation)
+            # Nothing a version look-up could answer for the hashes it read changes while
+            # the scope stands: the same judgement until then, but for the item's expiry
+            # (checked by L1.item and stands). (The entry's key is a digest of the request,
+            # from which the planner, fixed at start, makes the refs.)
+            item.stamp(mark, scope)
             # How its hits are counted, as judged now (a plan of partitions answered whole
             # while assembly is off is counted as the whole read it then is).
             seen_hit = negative_seen_as_hit or verdict.result is Result.HIT

@@ -114,7 +114,7 @@ class RedisStore(RedisLink):
     def used_local_versions(self, times: int = 1) -> None:
         self._local.inc(times)
 
-    def generation(self) -> int | None:
+    def in_process(self) -> bool:
         return self.standing.at(time.monotonic())
 
     async def lookup(

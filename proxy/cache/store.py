@@ -33,6 +33,7 @@ from typing import Protocol, TypeVar
 
 from proxy.cache import locks
 from proxy.cache.keys import EPOCH, Bump
+from proxy.cache.scopes import Scopes
 
 T = TypeVar("T")
 
@@ -53,20 +54,21 @@ def new_epoch() -> bytes:
 
 
 class Standing:
-    """Whether a hit judged in process still stands, read in two attributes (the hit path
-    asks on every call, and every way of serving a hit asks this one). ``generation``
-    changes whenever anything :meth:`Store.local` answers may have changed (a version, an
-    epoch, a fence; a hash forgotten); ``until`` (monotonic) is when what the store keeps in
+    """Whether a hit judged in process still stands, as far as the store goes (the hit path
+    asks on every call, and every way of serving a hit asks this one). ``scopes``: the
+    version hashes judgements read, each group moved whenever anything :meth:`Store.local`
+    answers for one of its hashes may have changed (a version, an epoch, a fence; a hash
+    forgotten; see :mod:`.scopes`); ``until`` (monotonic) is when what the store keeps in
     process stops being trusted: never for the embedded store; for Redis's coherent copy the
     sooner of two horizons, each ``-inf`` while it does not hold: the moment its
     invalidation streams would be late (:meth:`track`, :mod:`.mirror`'s rule 1), and the
     moment Redis's taking this proxy's writes would be too long ago (:meth:`trust`,
     :mod:`.write_trust`)."""
 
-    __slots__ = ("generation", "tracked", "trusted", "until")
+    __slots__ = ("scopes", "tracked", "trusted", "until")
 
     def __init__(self, until: float) -> None:
-        self.generation = 0
+        self.scopes = Scopes()
         self.tracked = until  # the invalidation streams' horizon
         self.trusted = math.inf  # the write probes' horizon (a store that cannot refuse: never)
         self.until = until
@@ -79,14 +81,14 @@ class Standing:
         self.trusted = until
         self.until = min(self.tracked, until)
 
-    def at(self, now: float) -> int | None:
-        """The generation, if what is kept in process is trusted at ``now`` (monotonic)."""
-        return self.generation if now <= self.until else None
+    def at(self, now: float) -> bool:
+        """Whether what is kept in process is trusted at ``now`` (monotonic)."""
+        return now <= self.until
 
 
 class Store(Protocol):
     compress: bool
-    standing: Standing  # see generation()
+    standing: Standing  # see in_process()
 
     async def lookup(
         self, versions: Mapping[str, Sequence[str]], entries: Sequence[str], *, fresh: bool = False
@@ -101,12 +103,10 @@ class Store(Protocol):
         """A look-up (``times`` look-ups) went by the versions :meth:`local` gave, without
         asking the store (for the store's counts of where versions were read)."""
 
-    def generation(self) -> int | None:
-        """A number that changes whenever anything :meth:`local` answers may have changed
-        (a version, an epoch, a fence; a hash forgotten); ``None`` while :meth:`local` could
-        not answer. A hit judged under one generation is judged the same while it stands
-        (fences only ever expire, entries are checked for their own expiry). Both are
-        :attr:`standing`'s, now."""
+    def in_process(self) -> bool:
+        """Whether :meth:`local` may answer now. A hit judged from what it answered is
+        judged the same while the scope of the judgement stands (fences only ever expire,
+        entries are checked for their own expiry): :attr:`standing`'s ``scopes``."""
 
     async def ensure_epochs(self, keys: Sequence[str]) -> dict[str, bytes]: ...
 
@@ -228,7 +228,7 @@ class MemoryStore:
     def used_local_versions(self, times: int = 1) -> None:
         pass  # every look-up here is in process: nothing to tell apart
 
-    def generation(self) -> int | None:
+    def in_process(self) -> bool:
         return self.standing.at(time.monotonic())  # (always trusted: everything is here)
 
     def _current(self, versions: Mapping[str, Sequence[str]]) -> Versions:
@@ -250,7 +250,7 @@ class MemoryStore:
             epoch = fields.get(EPOCH)
             if epoch is None:
                 epoch = fields[EPOCH] = new_epoch()
-                self.standing.generation += 1
+                self.standing.scopes.moved(key)
             out[key] = epoch
         return out
 
@@ -259,8 +259,8 @@ class MemoryStore:
         if fields is None:
             fields = self._versions[key] = {}
             while len(self._versions) > self.max_version_hashes:
-                self._versions.popitem(last=False)
-                self.standing.generation += 1
+                evicted, _ = self._versions.popitem(last=False)
+                self.standing.scopes.moved(evicted)
         else:
             self._versions.move_to_end(key)
         return fields
@@ -283,8 +283,9 @@ class MemoryStore:
             self._bytes -= _cost(key, old[0])
 
     async def bump(self, bumps: Sequence[Bump]) -> None:
-        self.standing.generation += 1
+        moved = self.standing.scopes.moved
         for b in bumps:
+            moved(b.key)
             fields = self._hash(b.key)
             if b.field == EPOCH:
                 fields[EPOCH] = new_epoch()
@@ -311,7 +312,7 @@ class MemoryStore:
         self._entries.clear()
         self._versions.clear()
         self._bytes = 0
-        self.standing.generation += 1
+        self.standing.scopes.moved_all()
         return count
 
     async def lease(self, key: str, token: str, ttl: float) -> bool:
@@ -353,7 +354,7 @@ class MemoryStore:
         for key, name in items:
             self._prune(key, now)
             self._marks.setdefault(key, {})[name] = deadline
-        self.standing.generation += 1
+            self.standing.scopes.moved(key)
         await self.bump(bumps)
 
     def _prune(self, key: str, now: float) -> None:
@@ -366,9 +367,9 @@ class MemoryStore:
             del self._marks[key]
 
     async def unmark(self, items: Sequence[tuple[str, str]]) -> int:
-        self.standing.generation += 1
         removed = 0
         for key, name in items:
+            self.standing.scopes.moved(key)
             marks = self._marks.get(key)
             if marks is not None:
                 removed += marks.pop(name, None) is not None

@@ -129,7 +129,8 @@ class Again:
         self.key = item.key
         self.counted = counted
         self.head = transport.prefix(len(item.entry.payload)) + parts[0]  # framed, if framed
-        # What decides, beside the item: the store's generation, pending invalidations.
+        # What decides, beside the item and its scope: whether the store is trusted,
+        # pending invalidations.
         self.standing = cache.store.standing
         self.invalidations = cache.invalidations
         self.sampler = cache.freshness  # (it wants a hit: the ordinary way records it)
@@ -168,7 +169,7 @@ class Again:
         # test_again holds the two to the same answers.
         if (
             item is None  # L1 let it go, and nothing holds it
-            or item.judged_under != standing.generation  # (a retired one's is no generation)
+            or item.judged_under != item.scope.mark  # (a retired one's stamp is no mark)
             or now > standing.until
             or now >= item.expires_at
             or self.invalidations.pending  # a write's invalidation not applied yet

@@ -32,9 +32,7 @@ async def trusted(r: Rig) -> None:
     deadline = time.monotonic() + 10.0
     # A write probe taken (else every look-up is a bypass), and with tracking the streams'
     # beats back too (else no hit is judged in process).
-    while not store.write_trust.trusted(time.monotonic()) or (
-        tracking and store.generation() is None
-    ):
+    while not store.write_trust.trusted(time.monotonic()) or (tracking and not store.in_process()):
         assert time.monotonic() < deadline, "redis never became trusted"
         await asyncio.sleep(0.02)
 

@@ -291,6 +291,22 @@ def at_once(r: Rig) -> float:
     return r.sample("hmsproxy_cache_hits_at_once_total")
 
 
+class Written:
+    """A transport that keeps what is written to it, with nothing waiting."""
+
+    def __init__(self) -> None:
+        self.data: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.data.append(data)
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return False
+
+
 def answered_now(r: Rig, session: SessionState, data: bytes) -> tuple[KnownCall, Again]:
     """Answer ``data`` (a buffered call) at once for ``session``, as a connection's first
     such call is (its plan kept by its bytes): the call kept, and a new Again to answer it

@@ -30,6 +30,7 @@ from tests.unit.helpers import (
     DB,
     Client,
     T,
+    Written,
     _counted,
     _flush,
     _get,
@@ -423,22 +424,6 @@ def test_known_calls_keep_users_apart_none_for_a_pinned_session_and_stay_bounded
     asyncio.run(run())
 
 
-class Written:
-    """A transport that keeps what is written to it, with nothing waiting."""
-
-    def __init__(self) -> None:
-        self.data: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.data.append(data)
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def is_closing(self) -> bool:
-        return False
-
-
 def repeat_of_call(data: bytes) -> bytes:
     repeat = call_without_seqid(data, Transport.BUFFERED)
     assert repeat is not None
@@ -463,11 +448,11 @@ def test_an_again_answers_exactly_while_its_item_stands() -> None:
             item = again.item()
             assert item is not None and r.cache is not None
             standing = r.cache.store.standing
-            generation, until = standing.generation, standing.until
+            mark, until = item.scope.mark, standing.until
             answered = set()
             try:
                 for stamp, expiry, trust in itertools.product(
-                    (generation, generation - 1, generation + 1, UNJUDGED, RETIRED),
+                    (mark, mark - 1, mark + 1, UNJUDGED, RETIRED),
                     (100.0, -100.0),
                     (100.0, -100.0, math.inf),
                 ):
@@ -482,7 +467,7 @@ def test_an_again_answers_exactly_while_its_item_stands() -> None:
                 standing.until = until
             assert answered == {True, False}
             # Let go by L1 and by everything else: nothing to answer from.
-            item.judged_under, item.expires_at = generation, math.inf
+            item.judged_under, item.expires_at = mark, math.inf
             assert again.answer(get_table(4), Written())  # type: ignore[arg-type]
             del item
             r.cache.l1.clear()

@@ -11,6 +11,7 @@ import pytest
 from proxy.cache import l1 as l1_module
 from proxy.cache.entry import Entry
 from proxy.cache.l1 import L1, OVERHEAD_BYTES, RETIRED, Item
+from proxy.cache.scopes import NOWHERE
 
 PAYLOAD = b"x" * 1000
 SIZE = len("k0") + len(PAYLOAD) + OVERHEAD_BYTES  # what each item below costs
@@ -41,11 +42,11 @@ def items(l1: L1, *keys: str) -> list[Item]:
     return found  # type: ignore[return-value]
 
 
-def judged(l1: L1, *keys: str, generation: int = 7) -> list[Item]:
-    """Items stamped current under ``generation`` (as a partition look-up does)."""
+def judged(l1: L1, *keys: str, mark: int = 7) -> list[Item]:
+    """Items stamped current at ``mark`` (as a partition look-up does)."""
     out = items(l1, *keys)
     for item in out:
-        item.stamp(generation)
+        item.stamp(mark, NOWHERE)
     return out
 
 
@@ -83,7 +84,7 @@ def test_a_stamp_never_stands_on_an_item_let_go() -> None:
     l1 = filled(4)
     (item,) = items(l1, "k0")
     l1.pop("k0")
-    item.stamp(7)
+    item.stamp(7, NOWHERE)
     assert item.judged_under == RETIRED
     assert not l1_module.judged([item], 7, time.monotonic(), time.time())
     (kept,) = items(l1, "k1")
@@ -91,13 +92,13 @@ def test_a_stamp_never_stands_on_an_item_let_go() -> None:
     assert kept.judged_under == RETIRED and items(l1, "k1")[0] is not kept
 
 
-@pytest.mark.parametrize("why", ["another generation", "twice", "expired", "entry expired"])
+@pytest.mark.parametrize("why", ["another mark", "twice", "expired", "entry expired"])
 def test_items_not_all_current_and_distinct_are_not_judged(why: str) -> None:
     l1 = filled(4)
     found = judged(l1, "k0", "k1", "k2")
     now, wall = time.monotonic(), time.time()
     assert l1_module.judged(found, 7, now, wall)
-    if why == "another generation":
+    if why == "another mark":
         assert not l1_module.judged(found, 8, now, wall)
     elif why == "twice":
         assert not l1_module.judged([*found, found[0]], 7, now, wall)
@@ -113,7 +114,7 @@ def test_an_item_evicted_or_cleared_is_retired() -> None:
     (old,) = judged(l1, "k0")
     l1.put("k4", entry(), 60)  # k0 (not marked used) goes
     assert not held(l1, "k0") and old.judged_under == RETIRED
-    old.stamp(7)
+    old.stamp(7, NOWHERE)
     assert not l1_module.judged([old], 7, time.monotonic(), time.time())
     kept = judged(l1, "k1", "k2")
     l1.clear()

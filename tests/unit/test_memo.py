@@ -6,6 +6,7 @@ import asyncio
 import gc
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,6 +15,9 @@ from prometheus_client import generate_latest
 from proxy import catalog, idl
 from proxy.cache import keys, resp
 from proxy.cache.engine import PLAN_BYTES
+from proxy.cache.entry import Entry
+from proxy.cache.l1 import L1
+from proxy.cache.scopes import SCOPE_BYTES, Scopes
 from proxy.cache.store import MemoryStore
 from proxy.memo import ITEM_OVERHEAD, BoundedMemo
 from proxy.upstream import Identity, UpstreamPool
@@ -260,7 +264,7 @@ def test_hits_answered_at_once_charge_what_they_keep_to_the_in_process_copy() ->
                 calls.append(found)
             for m in calls:  # plans made; the hits that follow only judge and prepare
                 r.cache.plan_read(catalog.lookup("get_table"), m, None)  # type: ignore[arg-type]
-            counted = r.cache.l1.bytes
+            counted = r.cache.l1.held_bytes()
             gc.collect()
             tracemalloc.start()
             before = tracemalloc.take_snapshot()
@@ -276,7 +280,7 @@ def test_hits_answered_at_once_charge_what_they_keep_to_the_in_process_copy() ->
                 for d in after.compare_to(before, "filename")
                 if not d.traceback[0].filename.endswith(memo)
             )
-            charged = r.cache.l1.bytes - counted
+            charged = r.cache.l1.held_bytes() - counted
             assert len(r.cache.l1) == 1000  # (nothing evicted: a 2 MiB front here)
             assert 0 < kept <= charged, (kept / 1000, charged / 1000)
 
@@ -320,7 +324,7 @@ def _variant() -> tuple[Any, Any, Any, str]:
     prefix = "hmsc:1:{t:x}:p:v:"
     return (
         Variants(Naming()),
-        Variant(TableRef.of("db", "t"), "t:x", prefix, "ds"),
+        Variant(TableRef.of("db", "t"), "t:x", "t:x:v", prefix, "ds"),
         L1(1 << 22),
         prefix,
     )
@@ -412,3 +416,41 @@ def test_calls_known_by_their_bytes_count_what_they_hold() -> None:
             assert 0 < held <= counted, (held / 500, counted / 500)
 
     asyncio.run(run())
+
+
+def test_the_scopes_of_judgements_charge_what_they_keep() -> None:
+    # Each item judged in process holds a scope (proxy.cache.scopes): a client naming many
+    # tables makes one each, counted in L1's budget by Scopes.bytes.
+    import tracemalloc
+
+    def kept(make: Callable[[Scopes], list[object]]) -> tuple[int, int]:
+        scopes = Scopes()
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.take_snapshot()
+        held = make(scopes)
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        size = sum(d.size_diff for d in after.compare_to(before, "filename"))
+        return size - 8 * len(held), scopes.bytes  # (but the list the test holds them in)
+
+    names = [f"hmsc:1:{{t:db.table_{i:05d}}}:v" for i in range(3000)]
+    one, charged = kept(lambda scopes: [scopes.of((name,)) for name in names])
+    assert one / len(names) > SCOPE_BYTES // 2 and one <= charged, one / len(names)
+    wide = [tuple(names[i : i + 3]) for i in range(0, 3000, 3)]
+    three, charged = kept(lambda scopes: [scopes.of(keys) for keys in wide])
+    assert three <= charged, three / len(wide)
+
+
+def test_the_in_process_copy_lets_items_go_for_the_bytes_of_their_scopes() -> None:
+    scopes = Scopes()
+    l1 = L1(100 * (300 + SCOPE_BYTES), scopes)
+    for i in range(200):  # each judged under a scope of its own (a table each)
+        l1.put(f"k{i:03d}", Entry(b"", 0, b"x" * 10, time.time() + 60), 60)
+        item = l1.peek(f"k{i:03d}")
+        assert item is not None
+        scope = scopes.of((f"t{i}",))
+        item.stamp(scope.mark, scope)
+    # (The last scope, made after the last put, is counted at the next one.)
+    assert l1.held_bytes() <= l1.max_bytes + SCOPE_BYTES and len(scopes) == len(l1) < 200

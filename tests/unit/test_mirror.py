@@ -159,7 +159,7 @@ def test_its_standing_says_what_the_rule_says_whatever_the_streams_do() -> None:
             m.invalidated([key.encode()], now)
         for at in (now, now + 0.5, now + 1.0, now + 2.0):
             assert m.trusted(at) == rule(at), (at, m._streams)
-            assert (m.standing.at(at) is not None) == rule(at)
+            assert m.standing.at(at) == rule(at)
 
 
 def test_memory_is_bounded_in_bytes() -> None:
@@ -209,17 +209,19 @@ def test_a_beat_of_an_earlier_set_of_streams_vouches_for_nothing() -> None:
     assert m.trusted(10.7)
 
 
-def test_the_generation_changes_with_anything_a_hit_was_judged_by() -> None:
-    # A hit judged under one generation is served again without being judged (see
-    # WholeReads.judged_now): every change to what get() answers must move it.
+def test_a_scope_moves_with_anything_a_hit_judged_under_it_read() -> None:
+    # A hit judged under a scope is served again without being judged (see
+    # WholeReads.judged_now) while its mark stands: every change to what get() answers for
+    # its hashes must move it, and nothing else may.
     m = VersionMirror(
         1, max_bytes=HASH_OVERHEAD + 2 * FIELD_OVERHEAD + 200, max_lag=1.0, fence_suffix=":f"
     )
     m.subscribed(0)
-    seen = [m.generation]
+    scope, other = m.standing.scopes.of((V,)), m.standing.scopes.of((V + "x",))
+    seen = [scope.mark]
 
     def moved() -> bool:
-        seen.append(m.generation)
+        seen.append(scope.mark)
         return seen[-1] != seen[-2]
 
     m.learn(m.ticket(), V, {"table": b"3"})
@@ -233,14 +235,12 @@ def test_the_generation_changes_with_anything_a_hit_was_judged_by() -> None:
     m.learn(m.ticket(), V, {"table": b"5"})
     m.invalidated([(V + ":f").encode()], 10.2)  # a fence on it
     assert moved()
-    m.learn(m.ticket(), V, {"table": b"5"})
-    m.forget([V])  # this proxy's own write
-    assert moved()
-    m.learn(m.ticket(), V, {"table": b"5", "@": b"e1"})
-    m.learn(m.ticket(), W, {"table": b"1", "@": b"e2"})  # over the budget: V goes
-    assert m.get({V: ["table"]}) is None
-    assert moved()
-    m.invalidated(None, 10.3)  # a flush
-    assert moved()
-    m.lost(0)
-    assert moved()
+    before = other.mark
+    m.invalidated([(V + "y").encode()], 10.3)  # another hash
+    assert not moved() and other.mark == before
+    m.learn(m.ticket(), V, {"table": b"6"})
+    assert not moved()  # (dropped above: new again)
+    m.learn(m.ticket(), V + "z", {"table": b"1", "x": b"y" * 150})
+    assert moved() and len(m) == 1  # crowded out of the mirror's bytes
+    m.lost(0)  # everything forgotten
+    assert moved() and other.mark != before

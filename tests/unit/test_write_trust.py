@@ -166,7 +166,7 @@ def test_a_refused_probe_ends_the_standing_at_once_and_the_sooner_horizon_holds(
     standing = Standing(-math.inf)
     standing.track(10.0)
     standing.trust(5.0)
-    assert standing.until == 5.0 and standing.at(5.0) == 0 and standing.at(5.1) is None
+    assert standing.until == 5.0 and standing.at(5.0) and not standing.at(5.1)
     standing.trust(20.0)
     assert standing.until == 10.0  # the streams' horizon is the sooner now
     trust = WriteTrust(2.0, 0.05)
@@ -175,7 +175,7 @@ def test_a_refused_probe_ends_the_standing_at_once_and_the_sooner_horizon_holds(
     assert standing.until == 10.0
     trust.not_taken(8.25, refused=True, answered=True)  # READONLY, MISCONF, OOM, ...
     standing.trust(trust.horizon(8.25))
-    assert standing.at(8.25) is None  # no hit in process from now, whatever the generation
+    assert not standing.at(8.25)  # no hit in process from now, whatever the scopes
     standing.track(-math.inf)
     standing.trust(30.0)
-    assert standing.at(9.0) is None  # (the streams down)
+    assert not standing.at(9.0)  # (the streams down)

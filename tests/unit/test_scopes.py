@@ -1,0 +1,82 @@
+"""Judgements in process stand on the version hashes they read (proxy.cache.scopes): a change
+to one table's versions undoes the judgements of that table's hits, and no other."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+from proxy import idl
+from proxy.cache.scopes import Scopes
+from proxy.handler import SessionState
+from tests.unit.helpers import DAYS, DB, Asked, T, Written, answered_now, by_names, get_table
+from tests.unit.inprocess import rig
+
+M = idl.module()
+U = "u"
+
+
+def test_a_change_to_a_hash_moves_the_scopes_that_read_it_and_no_other() -> None:
+    scopes = Scopes()
+    t, u, both = scopes.of(["t"]), scopes.of(["u"]), scopes.of(["t", "u"])
+    assert scopes.of(("t",)) is t  # (one scope for one set of hashes)
+    marks = {s: s.mark for s in (t, u, both)}
+    scopes.moved("u")
+    assert t.mark == marks[t] and u.mark != marks[u] and both.mark != marks[both]
+    scopes.moved("elsewhere")  # a hash nothing was judged from
+    assert u.mark == scopes.of(["u"]).mark
+    before = {s: s.mark for s in (t, u, both)}
+    scopes.moved_all()
+    assert all(s.mark != before[s] for s in (t, u, both))
+    # A mark is given once, to one scope: a stamp equal to a scope's mark was made under it.
+    states = {
+        (id(s), m)
+        for snapshot in (marks, before, {s: s.mark for s in marks})
+        for s, m in snapshot.items()
+    }
+    assert len({m for _, m in states}) == len(states) == 8
+
+
+def test_a_scope_nothing_holds_is_forgotten_and_made_again_with_a_new_mark() -> None:
+    scopes = Scopes()
+    scope = scopes.of(["t"])
+    old = scope.mark
+    del scope
+    gc.collect()
+    assert len(scopes) == 0
+    scopes.moved("t")  # (nothing reads it now)
+    again = scopes.of(["t"])
+    assert again.mark != old and len(scopes) == 1
+
+
+def test_a_write_to_one_table_leaves_the_other_tables_hits_standing() -> None:
+    def other_table(seqid: int) -> bytes:
+        return idl.encode_call("get_table", seqid, dbname=DB, tbl_name=U)
+
+    async def run() -> None:
+        async with rig() as r:
+            r.hms.add_table(DB, T, *DAYS[:4], v="1")
+            r.hms.add_table(DB, U, v="1")
+            session = SessionState("s")
+            for table in (T, U):
+                await r.call(session, "get_table", 1, dbname=DB, tbl_name=table)  # cached
+            _, again_t = answered_now(r, session, get_table(2))
+            _, again_u = answered_now(r, session, other_table(2))
+            ask = Asked(r)
+            await ask(by_names(3, *DAYS[:4]))
+            await ask(by_names(4, *DAYS[:4]))  # T's partitions judged current
+            assert (await ask(by_names(5, *DAYS[:2])))[1] == "assembled"
+
+            changed = M.Table(tableName=U, dbName=DB, parameters={"v": "2"})
+            await r.call(session, "alter_table", 6, dbname=DB, tbl_name=U, new_tbl=changed)
+
+            # T's hits are answered as they were, without a new judgement: an Again
+            # answers only while its item's judgement stands, and the assembled way only
+            # from partitions whose stamp is their table's mark of now.
+            assert again_t.answer(get_table(7), Written())  # type: ignore[arg-type]
+            assert (await ask(by_names(8, *DAYS[1:3])))[1] == "assembled"
+            # U's hit is judged again first.
+            assert not again_u.answer(other_table(9), Written())  # type: ignore[arg-type]
+            assert again_u.item() is not None
+
+    asyncio.run(run())
