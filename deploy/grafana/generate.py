@@ -344,8 +344,9 @@ def cache() -> list[Panel]:
         timeseries(
             "In-process memory by memo",
             "What each proxy keeps in process, as each memo counts it: the embedded cache or "
-            "Redis's front (cache), request plans, encoded Redis commands, set_ugi replies, "
-            "compression dictionaries, lock fences, partition fingerprints. Each is bounded "
+            "Redis's front (cache), calls known with their plans (known_calls), partition "
+            "variants, encoded Redis commands, set_ugi replies, compression dictionaries, "
+            "lock fences, fingerprints. Each is bounded "
             "(docs/reliability.md); a process growing beyond their sum is a leak.",
             [
                 target(

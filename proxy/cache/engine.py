@@ -2,7 +2,8 @@
 
 The pieces, one thing each:
 
-* :mod:`.planner` says what a call reads or changes (pure), memoised here by request digest;
+* :mod:`.planner` says what a call reads or changes (pure); the request path keeps the plans
+  it made with the calls it knows (proxy.handler.known_calls);
 * :mod:`.decide` says whether what was found may be served (pure);
 * :mod:`.reads` and :mod:`.partition_reads` run the read-through (look-up, single flight,
   fill, stale-if-error) for whole replies and for ``get_partitions_by_names``;
@@ -22,7 +23,6 @@ Rules the engine keeps, whatever the store:
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import Protocol
 
@@ -41,30 +41,16 @@ from proxy.cache.sampling import Sampler
 from proxy.cache.store import MemoryStore, Store
 from proxy.cache.writes import MAX_PENDING, Changes, Invalidations, WriteIntent
 from proxy.catalog import MethodSpec
-from proxy.memo import BoundedMemo, Footprint, footprint_of
+from proxy.memo import Footprint, footprint_of
 from proxy.metrics import Metrics, method_label
 from proxy.wire.errors import ProtocolError
 from proxy.wire.framing import Message
 
 __all__ = ["MAX_PENDING", "CacheEngine", "Result", "Verdict", "WriteIntent"]
 
-# Memory for plans, whatever clients send (see proxy.memo).
-PLAN_ENTRIES = 20_000
-PLAN_BYTES = 32 << 20
-
 
 class Activity(Seen, Changes, Protocol):
     """What the status page is told: look-ups and invalidations."""
-
-
-def _request_digest(method: str, message: Message, identity: bytes | None) -> bytes:
-    h = hashlib.blake2b(method.encode(), digest_size=16)
-    h.update(b"\x00")
-    h.update(memoryview(message.data)[message.header.length :])  # the arguments, not copied
-    if identity is not None:
-        h.update(b"\x00")
-        h.update(identity)
-    return h.digest()
 
 
 class CacheEngine:
@@ -132,8 +118,6 @@ class CacheEngine:
         # Hits for the freshness check (proxy.freshness), when it wants one: the hits that
         # need no await decline while it does (see proxy.cache.sampling).
         self.freshness = Sampler()
-        # Plans by a digest of the request (not its bytes: a client decides how big those are).
-        self._plans: BoundedMemo[bytes, ReadPlan | None] = BoundedMemo(PLAN_ENTRIES, PLAN_BYTES)
         # The write side, as the request path, the follower and the admin service call it.
         self.expand = self.invalidations.expand
         self.begin_write = self.invalidations.begin
@@ -155,18 +139,13 @@ class CacheEngine:
     def plan_read(
         self, spec: MethodSpec, message: Message, identity: bytes | None
     ) -> ReadPlan | None:
-        """The plan for a read (memoised: engines repeat the same calls byte for byte)."""
-        who = identity if self.planner.per_user else None
-        memo = _request_digest(spec.name, message, who)
-        found, plan = self._plans.lookup(memo)
-        if found:
-            return plan
+        """The plan for a read (``None``: not one to cache, or not readable). Made each time:
+        the request path keeps what it made with the call (proxy.handler.known_calls)."""
         try:
             args = idl.decode_args(spec.name, message.body)
         except ProtocolError:
-            return None  # not remembered: garbage is rarely repeated, and costs a scan only
+            return None
         plan = self.planner.read(spec, args, message.body, identity)
-        self._plans.put(memo, plan, plan.approx_size() if plan is not None else 0)
         if plan is not None and plan.partitions is not None:
             self.partitions.variants.learn(
                 spec.name, message.body, self.planner.who(identity), plan.partitions
@@ -186,14 +165,12 @@ class CacheEngine:
 
     # -- the read-through ------------------------------------------------------------------
 
-    async def read(
-        self, spec: MethodSpec, call: ReadCall, identity: bytes | None, *, shared: bool = True
-    ) -> Served:
+    async def read(self, spec: MethodSpec, call: ReadCall, plan: ReadPlan | None) -> Served:
         """Answer a cacheable read: from the cache when it may, otherwise from the metastore
-        (filling the cache). ``identity``: the caller's set_ugi arguments; ``shared``: whether
-        the caller's metastore connection is a shared one (a pinned connection has a
-        configuration of its own, so its replies are neither served from nor kept)."""
-        plan = self.plan_read(spec, call.message, identity) if shared else None
+        (filling the cache). ``plan``: its plan (:meth:`plan_read`); ``None`` for one not to
+        cache, and for every call of a client with a metastore connection of its own (a
+        pinned connection has a configuration of its own, so its replies are neither served
+        from nor kept)."""
         if plan is None:
             self.metrics.cache_lookups.labels(method_label(spec.name), "bypass").inc()
             return Served(await call.forward(None, None), "upstream")
@@ -238,26 +215,25 @@ class CacheEngine:
         """What the engine keeps in process, by name, for /metrics (hmsproxy_memo_bytes)."""
         return {
             "cache": lambda: self.footprint()[:2],
-            "plans": self._plans_footprint(),
+            "partition_variants": self._variants_footprint(),
             "dictionaries": self.dictionaries.footprint(),
             "lock_fences": self.locks.footprint(),
             "fingerprints": fingerprints_footprint,
         }
 
-    def _plans_footprint(self) -> Footprint:
+    def _variants_footprint(self) -> Footprint:
         memos = footprint_of(
-            self._plans,
             self.partitions.assembled_once,
             self.partitions.variants.memo,
         )
         variants = self.partitions.variants
 
-        def plans() -> tuple[int, int]:
+        def footprint() -> tuple[int, int]:
             entries, size = memos()
             names = variants.found_names  # (with the variants' items, see assembled)
             return entries + names, size + names * assembled.FOUND_NAME_BYTES
 
-        return plans
+        return footprint
 
     def footprint(self) -> tuple[int, int, str]:
         """(entries, bytes, kind) held in this process: the embedded cache, or Redis's front."""

@@ -13,6 +13,7 @@ echoes the client's own seqid; cached replies get the caller's seqid patched in.
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 import time
@@ -23,7 +24,8 @@ from proxy import bridge, catalog, idl
 from proxy.cache import locks
 from proxy.cache.engine import CacheEngine
 from proxy.cache.l1 import Item
-from proxy.catalog import Kind
+from proxy.cache.plan import ReadPlan
+from proxy.catalog import Kind, MethodSpec
 from proxy.handler import again
 from proxy.handler.again import Again
 from proxy.handler.flight import Flight
@@ -105,8 +107,9 @@ class CallHandler:
             elif spec is not None and spec.kind is Kind.SESSION:
                 outcome = await self.identities.pinned_call(session, message, client)
             elif spec is not None and spec.kind is Kind.CACHEABLE_READ and self.cache is not None:
+                plan = self.plan_of(session, message, spec)
                 served = await cached_read(
-                    self.cache, self.forwarder, session, message, client, spec
+                    self.cache, self.forwarder, session, message, client, spec, plan
                 )
                 outcome, source = served.outcome, served.source
             elif self.writes is not None and header.name in locks.LOCK_METHODS:
@@ -258,10 +261,8 @@ class CallHandler:
             # partitions judged before, without planning it (see proxy.cache.assembled).
             assembled = cache.assembled_now(spec, message, identity, IMMEDIATE_REPLY_BYTES)
             if assembled is None:
-                plan = cache.plan_read(spec, message, identity)
+                plan = self.plan_of(session, message, spec, repeat)
                 if plan is not None:
-                    if repeat is not None:
-                        known.learn(session, repeat, plan)
                     item = cache.hit_now(plan, IMMEDIATE_REPLY_BYTES)
         except Exception:  # the ordinary way answers it (and reports what went wrong)
             log.debug("%s: no immediate answer to %s", session.peer, header.name, exc_info=True)
@@ -274,6 +275,21 @@ class CallHandler:
             return True
         return self._answer_now(cache, header.seqid, item, write, started)
 
+    def plan_of(
+        self,
+        session: SessionState,
+        message: Message,
+        spec: MethodSpec,
+        repeat: bytes | None = None,
+    ) -> ReadPlan | None:
+        """The plan of a cacheable read, kept with the call (:meth:`.KnownCalls.plan`;
+        ``repeat``: its bytes but for the seqid, if known); ``None``: not one to cache, or
+        a pinned session's."""
+        cache, known = self.cache, self.known
+        assert cache is not None and known is not None  # (one with the other)
+        make = functools.partial(cache.plan_read, spec, message, session.cache_identity)
+        return known.plan(session, message, make, repeat)
+
     def serve_known_now(
         self, call: KnownCall, seqid: int, write: Callable[[bytes], None]
     ) -> Item | None:
@@ -283,10 +299,13 @@ class CallHandler:
         cache = self.cache
         if cache is None or cache.freshness.want:
             return None
+        plan = call.plan
+        if plan is None:  # (not one to cache)
+            return None
         started = time.perf_counter()
         call.asked = True
         try:
-            item = cache.hit_now(call.plan, IMMEDIATE_REPLY_BYTES)
+            item = cache.hit_now(plan, IMMEDIATE_REPLY_BYTES)
         except Exception:
             log.debug("no immediate answer to a known call", exc_info=True)
             return None

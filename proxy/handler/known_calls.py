@@ -1,13 +1,15 @@
 """Calls known by their bytes but for the seqid: the one table of requests kept.
 
-Engines send the same small calls again and again: on one connection (Spark's ``get_table``
-while it plans a query, a pooled connection's look-ups), or on a new connection each time
-(Trino). A cacheable read planned once whose bytes are known (``framing.call_without_seqid``:
-one small strict call, the seqid left out, at most 16 KiB) is kept here by those bytes (and,
-when the cache is per user, by whose entries it reads) as a :class:`KnownCall`:
+Engines send the same calls again and again: on one connection (Spark's ``get_table`` while
+it plans a query, a pooled connection's look-ups), or on a new connection each time (Trino).
+A cacheable read planned once is kept here (and, when the cache is per user, by whose entries
+it reads) as a :class:`KnownCall`, by what it is known by (:func:`call_key`): its bytes but
+the seqid when it is one small strict call (``framing.call_without_seqid``, at most 16 KiB),
+else a digest of its method and arguments (a client decides how big those are). It keeps:
 
-* its plan, so that asked again it is neither scanned, nor decoded, nor digested, nor
-  planned (``CallHandler.serve_known_now``: one dict look-up, then the hit);
+* its plan (or that it has none: not one to cache), so that asked again it is neither
+  decoded nor planned; known by its bytes, it is not even scanned
+  (``CallHandler.serve_known_now``: one dict look-up, then the hit);
 * once it was answered at once, the :class:`.again.Again` that answers it again from the
   item it was answered from, on its connection or any other, compared in place.
 
@@ -19,21 +21,29 @@ passed over (a second chance, at the back: calls asked once do not push out thos
 the time). An entry's Again counts its answers as it goes (:meth:`.again.Again.settle`).
 
 A connection with its own metastore connection (pinned) reads none: its calls are never
-answered at once. Before this table, the plans and the answers were two memos with one key
-(``git log -S KEPT_ANSWERS``).
+answered at once, nor cached. Before this table, the plans (by digest) and the answers were
+memos of their own (``git log -S KEPT_ANSWERS -S PLAN_ENTRIES``).
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.cache.plan import ReadPlan
 from proxy.handler.again import Again
 from proxy.handler.session import SessionState
+from proxy.wire.framing import Message, Transport, call_without_seqid
 
-# Calls kept, and their bytes as counted (see KnownCall.cost).
-KNOWN_CALLS = 4096
-KNOWN_CALL_BYTES = 12 << 20
+# Calls kept, and their bytes as counted (see KnownCall.cost): an engine's working set of
+# distinct calls (every table's get_table, every batch of partition names) and the plans of
+# many partitions each.
+KNOWN_CALLS = 24_576
+KNOWN_CALL_BYTES = 44 << 20
+# What a call too big to be known by its bytes is known by starts with this (a call's own
+# bytes start with 0x80, the strict protocol's version).
+DIGESTED = b"\x00"
 # What a call kept costs beyond its request's bytes, its user's and its plan's: the
 # KnownCall, the key tuple, the dict's slot (~250 bytes measured, tests/unit/test_memo.py).
 KNOWN_OVERHEAD = 320
@@ -46,8 +56,8 @@ AGAIN_OVERHEAD = 1536
 class KnownCall:
     """One call kept (see the module's docstring)."""
 
-    key: tuple[bytes | None, bytes]  # (whose, when per user; the bytes but for the seqid)
-    plan: ReadPlan
+    key: tuple[bytes | None, bytes]  # (whose, when per user; what it is known by: call_key)
+    plan: ReadPlan | None  # (None: not one to cache)
     cost: int  # bytes, as the table counts them: its own and its Again's
     again: Again | None = None  # what answers it again, once it was answered at once
     asked: bool = False  # by its plan, since kept or last passed over (the Again has its own)
@@ -76,15 +86,30 @@ class KnownCalls:
         connection of its own to the metastore)."""
         return self._kept.get((None, repeat))
 
-    def learn(self, session: SessionState, repeat: bytes, plan: ReadPlan) -> None:
-        """Keep ``plan`` as the plan of ``repeat`` (if it is not kept already)."""
-        key = self._key(session, repeat)
-        if key in self._kept or session.pinned is not None:
-            return
-        cost = len(repeat) + len(key[0] or b"") + plan.approx_size() + KNOWN_OVERHEAD
+    def plan(
+        self,
+        session: SessionState,
+        message: Message,
+        make: Callable[[], ReadPlan | None],
+        repeat: bytes | None = None,
+    ) -> ReadPlan | None:
+        """The plan of the call ``message`` holds, as kept for ``session``, or made now by
+        ``make`` and kept (``repeat``: its bytes but for the seqid, if already known). A
+        pinned session's calls are not cached: none is kept for them."""
+        if session.pinned is not None:
+            return None
+        key = self._key(session, repeat if repeat is not None else call_key(message))
+        call = self._kept.get(key)
+        if call is not None:
+            call.asked = True
+            return call.plan
+        plan = make()
+        size = plan.approx_size() if plan is not None else 0
+        cost = len(key[1]) + len(key[0] or b"") + size + KNOWN_OVERHEAD
         self._make_room(cost, entries=1)
         self._kept[key] = KnownCall(key, plan, cost)
         self.bytes += cost
+        return plan
 
     def answer_with(self, call: KnownCall, again: Again) -> None:
         """Answer ``call`` again with ``again`` from now on (the Again before, if any, counts
@@ -151,3 +176,15 @@ class KnownCalls:
 
 def _again_cost(again: Again) -> int:
     return 2 * again.length + AGAIN_OVERHEAD
+
+
+def call_key(message: Message) -> bytes:
+    """What a call is known by (see the module's docstring): its bytes but for the seqid,
+    or, past the size those are kept at, a digest of its method and arguments."""
+    found = call_without_seqid(message.data, Transport.BUFFERED)
+    if found is not None:
+        return found[0]
+    digest = hashlib.blake2b(message.header.name.encode(), digest_size=16)
+    digest.update(b"\x00")
+    digest.update(memoryview(message.data)[message.header.length :])  # (not copied)
+    return DIGESTED + digest.digest()

@@ -32,16 +32,14 @@ async def cached_read(
     message: Message,
     client: ClientChannel,
     spec: MethodSpec,
+    plan: ReadPlan | None,
 ) -> Served:
+    """``plan``: the call's (``None``: not one to cache, or a pinned session's)."""
     call = _Read(forwarder, session, message, client)
-    identity, shared = session.cache_identity, session.pinned is None
-    if not (cache.freshness.want and shared):
-        return await cache.read(spec, call, identity, shared=shared)
-    plan = cache.plan_read(spec, message, identity)  # (memoised: the read finds it again)
-    if plan is None:
-        return await cache.read(spec, call, identity, shared=shared)
+    if not cache.freshness.want or plan is None:
+        return await cache.read(spec, call, plan)
     watched = _Watched(call, cache, plan)
-    served = await cache.read(spec, watched, identity, shared=shared)
+    served = await cache.read(spec, watched, plan)
     if served.source == "cache" and watched.reply is not None:
         # (The request copied: a sample outlives the session's buffers.)
         request = Message(message.header, bytes(message.data))

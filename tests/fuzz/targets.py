@@ -580,8 +580,9 @@ def _skip(data: bytes, pos: int, ttype: int, depth: int) -> int:
 def plan_read(
     planner: Planner, spec: MethodSpec, args: Any | None, body: bytes, identity: bytes | None
 ) -> ReadPlan | None:
-    """``CacheEngine.plan_read`` without its memo: decode errors and planner ProtocolErrors
-    mean "no plan"; anything else the planner raises is a failure."""
+    """``CacheEngine.plan_read`` (the request path keeps its plans in KnownCalls): decode
+    errors and planner ProtocolErrors mean "no plan"; anything else the planner raises is a
+    failure."""
     if args is None:
         return None
     try:

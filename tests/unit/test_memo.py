@@ -14,11 +14,12 @@ from prometheus_client import generate_latest
 
 from proxy import catalog, idl
 from proxy.cache import keys, resp
-from proxy.cache.engine import PLAN_BYTES
 from proxy.cache.entry import Entry
 from proxy.cache.l1 import L1
 from proxy.cache.scopes import SCOPE_BYTES, Scopes
 from proxy.cache.store import MemoryStore
+from proxy.handler import SessionState
+from proxy.handler.known_calls import KNOWN_CALL_BYTES, KnownCalls
 from proxy.memo import ITEM_OVERHEAD, BoundedMemo
 from proxy.upstream import Identity, UpstreamPool
 from proxy.upstream.pool import MAX_POOLED_IDENTITY, UGI_REPLY_BYTES
@@ -55,41 +56,43 @@ def test_a_bounded_memo_keeps_its_budget_and_refuses_what_would_crowd_it_out() -
     assert len(small) == 1000  # and at most this many, however small
 
 
-def test_plans_of_distinct_padded_requests_stay_within_the_plan_budget() -> None:
-    e = engine()
-    spec = catalog.lookup("get_table")
+def planned(e: Any, known: KnownCalls, method: str, body: bytes) -> Any:
+    """The plan of a call, kept as the request path keeps it."""
+    spec = catalog.lookup(method)
     assert spec is not None
+    request = message(method, body)
+    return known.plan(SessionState("s"), request, lambda: e.plan_read(spec, request, None))
+
+
+def test_plans_of_distinct_padded_requests_stay_within_the_known_calls_budget() -> None:
+    e, known = engine(), KnownCalls(per_user=False)
     for i in range(3_000):
-        plan = e.plan_read(spec, message("get_table", padded_get_table(i, 100_000)), None)
+        plan = planned(e, known, "get_table", padded_get_table(i, 100_000))
         assert plan is not None  # planned as usual: the padding is skipped
-    # 3,000 x 100 KB went by; the memo keeps a digest and the plan of each, not the bytes.
-    assert len(e._plans) == 3_000
-    assert e._plans.bytes < 3_000 * 1_500
-    assert e._plans.bytes <= PLAN_BYTES
+    # 3,000 x 100 KB went by; the table keeps a digest and the plan of each, not the bytes.
+    assert known.footprint()[0] == 3_000
+    assert known.bytes < 3_000 * 1_500
+    assert known.bytes <= KNOWN_CALL_BYTES
 
 
-def test_requests_that_fail_to_decode_are_not_remembered() -> None:
-    e = engine()
-    spec = catalog.lookup("get_table")
-    assert spec is not None
+def test_requests_that_fail_to_decode_are_known_within_the_budget() -> None:
+    e, known = engine(), KnownCalls(per_user=False)
     for i in range(1_000):  # a string whose length runs past the end of the request
         bad = struct.pack(">bhi", 11, 1, 1_000 + i) + b"short\x00"
-        assert e.plan_read(spec, message("get_table", bad), None) is None
-    assert len(e._plans) == 0
+        assert planned(e, known, "get_table", bad) is None
+    assert known.footprint()[0] == 1_000 and known.bytes < 1_000 * 500
 
 
 def test_many_plans_of_many_partitions_stop_at_the_budget() -> None:
-    e = engine()
-    spec = catalog.lookup("get_partitions_by_names")
-    assert spec is not None
-    for i in range(4_000):
-        names = [f"ds={i}-{j}" for j in range(50)]
+    e, known = engine(), KnownCalls(per_user=False)
+    for i in range(2_000):
+        names = [f"ds={i}-{j}-{'x' * 20}" for j in range(100)]
         body = idl.encode(
             idl.args_class("get_partitions_by_names")(db_name="db", tbl_name="t", names=names)
         )
-        e.plan_read(spec, message("get_partitions_by_names", body), None)
-    assert e._plans.bytes <= PLAN_BYTES
-    assert len(e._plans) < 4_000
+        planned(e, known, "get_partitions_by_names", body)
+    assert known.bytes <= KNOWN_CALL_BYTES
+    assert known.footprint()[0] < 2_000
 
 
 def test_the_embedded_cache_counts_keys_as_well_as_values() -> None:
@@ -224,17 +227,20 @@ def test_every_memo_is_on_metrics_with_the_bytes_it_counts() -> None:
         assert spec is not None
         before = scraped(metrics)
         assert {memo for _, memo in before} == {
-            "cache", "plans", "redis_commands", "set_ugi_replies", "dictionaries",
+            "cache", "partition_variants", "redis_commands", "set_ugi_replies", "dictionaries",
             "lock_fences", "fingerprints", "known_calls",
         }  # fmt: skip
+        session = SessionState("s")
         for i in range(10):
-            proxy.cache.plan_read(spec, message("get_table", padded_get_table(i, 10)), None)
+            request = message("get_table", padded_get_table(i, 10))
+            proxy.thrift.handler.plan_of(session, request, spec)
         proxy.pool.remember_ugi_reply(Identity(b"someone"), message("set_ugi", b"\x00"))
         after = scraped(metrics)
-        assert (
-            after["hmsproxy_memo_entries", "plans"] == before["hmsproxy_memo_entries", "plans"] + 10
-        )
-        assert after["hmsproxy_memo_bytes", "plans"] == proxy.cache._plans.bytes > 0
+        entries = ("hmsproxy_memo_entries", "known_calls")
+        assert after[entries] == before[entries] + 10
+        known = proxy.thrift.handler.known
+        assert known is not None
+        assert after["hmsproxy_memo_bytes", "known_calls"] == known.bytes > 0
         assert after["hmsproxy_memo_bytes", "set_ugi_replies"] > 0
 
     asyncio.run(run())
@@ -309,7 +315,7 @@ def test_names_remembered_with_their_partitions_stay_within_their_count(
                 (variant,) = variants.memo.values()
                 assert len(variant.found) == variants.found_names <= 8
             assert b"ds=d17" in variant.found  # (forgetting made room for the latest)
-            plans = r.cache.memos()["plans"]()
+            plans = r.cache.memos()["partition_variants"]()
             assert plans[1] >= variants.found_names * assembled.FOUND_NAME_BYTES > 0
 
     asyncio.run(run())
@@ -380,8 +386,8 @@ def test_calls_known_by_their_bytes_count_what_they_hold() -> None:
 
     async def run() -> None:
         async with rig() as r:
-            known = r.handler.known
-            assert known is not None and r.cache is not None
+            assert r.cache is not None
+            known = KnownCalls(per_user=False)  # (the handler's keeps the plans made below)
             shared = SessionState("shared")
             made = []
             for i in range(500):  # negative entries: a small reply each
@@ -392,21 +398,20 @@ def test_calls_known_by_their_bytes_count_what_they_hold() -> None:
                 repeat = call_without_seqid(data, Transport.BUFFERED)
                 assert found is not None and repeat is not None
                 item = r.handler.serve_hit_now(shared, found, lambda reply: None)
-                assert isinstance(item, Item)  # (not kept by its bytes: none were given)
+                assert isinstance(item, Item)
                 plan = r.cache.plan_read(catalog.lookup("get_table"), found, None)  # type: ignore[arg-type]
                 assert plan is not None
-                made.append((data, repeat[0], item, plan))
-            assert known.footprint() == (0, 0)
+                made.append((data, repeat[0], item, plan, found))
             gc.collect()
             tracemalloc.start()
             before = tracemalloc.take_snapshot()
-            for data, repeat, item, plan in made:
-                known.learn(shared, repeat, plan)
+            for data, repeat, item, plan, found in made:
+                known.plan(shared, found, lambda plan=plan: plan, repeat)
                 call = known.get(shared, repeat)
                 again = r.handler.again(item, data, Transport.BUFFERED)
                 assert call is not None and again is not None
                 known.answer_with(call, again)
-            del again, call, data, repeat, item, plan
+            del again, call, data, repeat, item, plan, found
             gc.collect()
             after = tracemalloc.take_snapshot()
             tracemalloc.stop()
