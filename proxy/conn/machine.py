@@ -1,0 +1,239 @@
+"""A client connection as a state machine, sans-I/O: bytes and times in, what to do out.
+
+The machine opens no socket and awaits nothing: the connection's protocol feeds it what
+arrives and the time, and does what it says (h11's ``Connection``, for Thrift calls). Its
+states:
+
+``IDLE``
+    Between calls, nothing of the next one received. The idle clock runs: the connection
+    may stay so for ``--client-idle-timeout`` after the last call was answered.
+``RECEIVING``
+    Part of a call received. Its deadline runs: the whole call must arrive within
+    ``--client-message-timeout`` of its first byte, however the bytes trickle in (a
+    deadline, not a timeout per read, or a slow client could hold the connection forever).
+``ANSWERING``
+    A whole call is being answered: at once, by a call forwarded as it arrived, or by a
+    task. A Thrift client waits for each reply; what a client that pipelines sends
+    meanwhile is kept, unread, for after it. No clock of the machine's runs (the call has
+    its own bounds at the metastore).
+``CLOSED``
+    Ended: the client left, sent what breaks the protocol or a limit, or a clock ran out;
+    or the proxy closed it.
+
+What the protocol does with the bytes of a call is its own (the cache decides): the machine
+says when a call has arrived, and whether its bytes came in one piece with nothing before
+them (:attr:`Call.whole`), which is when a call may be answered from those very bytes
+without being scanned (a call asked again, compared in place; see proxy.handler.again).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from proxy.wire.binary import MessageHeader, MessageType
+from proxy.wire.errors import MessageTooLarge, ProtocolError
+from proxy.wire.framing import Message, MessageReader, Transport
+
+
+class State(enum.Enum):
+    IDLE = "idle"
+    RECEIVING = "receiving"
+    ANSWERING = "answering"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A whole call to answer (the machine is ``ANSWERING`` it until
+    :meth:`ClientMachine.answered`). ``whole``: the bytes it arrived in (its frame too),
+    when they were exactly this call with nothing before it; else ``None`` (received in
+    parts, or kept after another). ``tried``: those bytes were offered whole and declined
+    (:meth:`ClientMachine.received`)."""
+
+    message: Message
+    whole: bytes | None = None
+    tried: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Bad input: say why (``reason``, a metric label; ``text``, one log line), answer
+    ``header``'s caller with an error if it could be read, and close."""
+
+    reason: str  # "protocol", "too_large", "bad_message_type"
+    text: str
+    header: MessageHeader | None
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Close the connection: ``reason`` ("idle", "timeout", "ended", "ended_mid_call"),
+    ``text``, one log line (empty: nothing worth a line)."""
+
+    reason: str
+    text: str = ""
+
+
+Decision = Call | Refuse | Close
+
+
+class ClientMachine:
+    """One client connection's state (see the module's docstring)."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        max_request_bytes: int,
+        message_timeout: float,
+        idle_timeout: float | None,
+        now: float,
+    ) -> None:
+        self.transport = transport
+        self.message_timeout = message_timeout
+        self.idle_timeout = idle_timeout or None
+        self.state = State.IDLE
+        self.calls = 0  # answered
+        self._requests = MessageReader(transport, max_request_bytes)
+        self._keep_at_most = max(64 * 1024, min(max_request_bytes, 1 << 20))
+        self._idle_since = now  # the last call answered (IDLE)
+        self._deadline = 0.0  # when the call under way must be whole (RECEIVING)
+        self._ended = False  # the client ended its side (what it sent is still answered)
+
+    # -- what arrives ----------------------------------------------------------------------
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not handed out yet (a call under way, or kept for later)."""
+        return self._requests.buffered
+
+    def whole_chunk_welcome(self) -> bool:
+        """Whether bytes arriving now may be tried as one whole call before they are
+        scanned (:attr:`Call.whole`): the machine is idle with nothing buffered."""
+        return self.state is State.IDLE and not self._requests.buffered
+
+    def answered_whole(self, now: float) -> None:
+        """A chunk offered whole (:meth:`whole_chunk_welcome`) was one call, answered at
+        once: the connection stays idle, its clock restarted."""
+        assert self.state is State.IDLE
+        self.calls += 1
+        self._idle_since = now
+
+    def received(self, data: bytes, now: float, *, tried: bool = False) -> Decision | None:
+        """``data`` arrived (``tried``: offered whole and declined). A call is whole: the
+        :class:`Call` to answer; bad input: :class:`Refuse`; else ``None`` (more is
+        needed, or a call is being answered and ``data`` waits for it)."""
+        if self.state is State.CLOSED or not data:
+            return None
+        alone = self.whole_chunk_welcome()
+        requests = self._requests
+        if alone:
+            self._deadline = now + self.message_timeout  # (the call's first byte)
+            self.state = State.RECEIVING
+        requests.feed(data)
+        if self.state is State.ANSWERING:
+            return None
+        decision = self._next()
+        if isinstance(decision, Call) and alone and not requests.buffered:
+            # (Nothing before it, nothing after it: the chunk was this call, frame and all.)
+            return Call(decision.message, None if tried else data, tried)
+        return decision
+
+    @property
+    def full(self) -> bool:
+        """Whether the connection should stop reading for now: a call is being answered and
+        as much as one request may be is kept already for after it (a client that
+        pipelines without end is not read into memory). Read again after
+        :meth:`answered`."""
+        return self.state is State.ANSWERING and self._requests.buffered >= self._keep_at_most
+
+    def ended(self, now: float) -> Close | None:
+        """The client ended its side: close now, unless a call is being answered (then at
+        :meth:`answered`, once that call's reply is out)."""
+        self._ended = True
+        if self.state is State.ANSWERING or self.state is State.CLOSED:
+            return None
+        return self._end_of_input()
+
+    def _end_of_input(self) -> Close:
+        self.state = State.CLOSED
+        if self._requests.buffered:
+            return Close(
+                "ended_mid_call",
+                "connection closed in the middle of a request "
+                f"({self._requests.buffered} bytes received)",
+            )
+        return Close("ended")
+
+    # -- what the protocol did -------------------------------------------------------------
+
+    def answered(self, now: float) -> Decision | None:
+        """The call being answered was answered: the next call if one is kept (a client
+        that pipelines), or the end if the client ended its side; else ``None``."""
+        if self.state is not State.ANSWERING:
+            return None
+        self.calls += 1
+        self._idle_since = now
+        self.state = State.IDLE
+        if self._requests.buffered:
+            # (What came meanwhile is the start of the next call: its clock starts now, as
+            # it would have had the call been answered before it was sent.)
+            self.state = State.RECEIVING
+            self._deadline = now + self.message_timeout
+            decision = self._next()
+            if decision is not None or not self._ended:
+                return decision
+        if self._ended:
+            return self._end_of_input()
+        return None
+
+    def close(self) -> None:
+        """The proxy closes the connection (a stop, a bug, the client gone)."""
+        self.state = State.CLOSED
+
+    # -- the clocks ------------------------------------------------------------------------
+
+    def due(self) -> float | None:
+        """When :meth:`tick` next has something to say (``None``: no clock runs)."""
+        if self.state is State.RECEIVING:
+            return self._deadline
+        if self.state is State.IDLE and self.idle_timeout is not None:
+            return self._idle_since + self.idle_timeout
+        return None
+
+    def tick(self, now: float) -> Close | None:
+        """The clocks at ``now``: a call not whole by its deadline, or a connection idle for
+        the idle timeout, is closed."""
+        due = self.due()
+        if due is None or now < due:
+            return None
+        if self.state is State.RECEIVING:
+            self.state = State.CLOSED
+            return Close(
+                "timeout",
+                f"request incomplete after {self.message_timeout:g} s "
+                f"({self._requests.buffered} bytes received)",
+            )
+        self.state = State.CLOSED
+        return Close("idle", f"idle for {self.idle_timeout:g} s")
+
+    # -- inside ----------------------------------------------------------------------------
+
+    def _next(self) -> Call | Refuse | None:
+        """The next whole call buffered (``RECEIVING`` then), if there is one."""
+        requests = self._requests
+        try:
+            message = requests.next_message()
+        except ProtocolError as exc:
+            self.state = State.CLOSED
+            reason = "too_large" if isinstance(exc, MessageTooLarge) else "protocol"
+            return Refuse(reason, str(exc), requests.header)
+        if message is None:
+            return None
+        header = message.header
+        if header.type not in (MessageType.CALL, MessageType.ONEWAY):
+            self.state = State.CLOSED
+            return Refuse("bad_message_type", f"message type {header.type} is not a call", header)
+        self.state = State.ANSWERING
+        return Call(message)
