@@ -22,7 +22,8 @@ import statistics
 import time
 from typing import Any
 
-from proxy import idl, protocols
+from proxy import idl
+from proxy.conn.protocol import ClientProtocol
 from proxy.wire import binary, framing
 from tests.unit.test_server_shortcut import connect, listening
 
@@ -31,16 +32,15 @@ OLD_LIMIT = 4096  # what REPEAT_BYTES was before issue 16's twentieth step
 
 
 def timed_callbacks(spent: list[float]) -> None:
-    """Take the time of every ``data_received`` of a client connection's protocols."""
-    for cls in (protocols.TasklessProtocol, protocols.StreamProtocol):
-        original = cls.data_received
+    """Take the time of every ``data_received`` of a client connection's protocol."""
+    original = ClientProtocol.data_received
 
-        def timed(self: Any, data: bytes, _original: Any = original) -> None:
-            started = time.perf_counter()
-            _original(self, data)
-            spent.append(time.perf_counter() - started)
+    def timed(self: Any, data: bytes) -> None:
+        started = time.perf_counter()
+        original(self, data)
+        spent.append(time.perf_counter() - started)
 
-        cls.data_received = timed  # type: ignore[method-assign]
+    ClientProtocol.data_received = timed  # type: ignore[method-assign]
 
 
 async def run(names: int, calls: int, rounds: int) -> None:

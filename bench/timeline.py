@@ -48,7 +48,8 @@ import atexit, os, sys
 from time import perf_counter
 marks = []
 mark = marks.append
-from proxy import client_connection, protocols
+from proxy import client_connection
+from proxy.conn import protocol
 from proxy.handler import dispatch, flight
 from proxy.upstream import streams
 def wrap(owner, name, before, after):
@@ -58,8 +59,7 @@ def wrap(owner, name, before, after):
         original(*args)
         mark((after, perf_counter()))
     setattr(owner, name, timed)
-wrap(protocols.TasklessProtocol, "data_received", "request", "request done")
-wrap(protocols.StreamProtocol, "data_received", "request", "request done")
+wrap(protocol.ClientProtocol, "data_received", "request", "request done")
 wrap(streams.DivertingProtocol, "data_received", "reply", "reply done")
 wrap(dispatch, "guarded_write", "write", "written")
 wrap(client_connection.ClientConnection, "write_at_once", "write", "written")

@@ -2,15 +2,15 @@
 
 How a call flows::
 
-    engine --Thrift--> server.ThriftServer; protocols (a connection's asyncio protocol)
+    engine --Thrift--> server.ThriftServer; conn.protocol.ClientProtocol (one per
+                         |  connection) feeds conn.machine.ClientMachine (sans-I/O: its
+                         |  state, its clocks; wire.framing.MessageReader finds whole calls)
                          |  fast paths, in the socket callbacks (no task): a hit whose
                          |  entry and versions are in process (a call known by its bytes:
                          |  handler.known_calls; answered again: handler.again), a call
                          |  only forwarded (handler.flight)
-                         v  anything else: client_session.ClientSession's task
-                       wire.framing.MessageReader: bytes -> messages (sans-I/O;
-                         |  wire.binary.StructScanner finds where unframed messages end)
-                         v
+                         v  anything else: a task for that call (SASL connections:
+                         |  conn.streamed, a loop over the machine on the layer's streams)
                        handler.dispatch.CallHandler: catalog.lookup(method) picks the way
                          |-- reads:    cache.engine.CacheEngine.read (plan, decide, look up,
                          |             single flight, fill), the metastore on a miss
@@ -26,7 +26,7 @@ docs/design.md says how a call is answered, layer by layer. The sans-I/O core (`
 ``catalog``, ``config``'s options and parsers (``config.load`` reads the files it is
 named), and in ``cache/``: ``keys``, ``plan``, ``planner``, ``invalidation``,
 ``named_partitions``, ``decide``, ``mirror``, ``entry``, ``partitions``, ``locks``,
-``events``) opens no sockets; ``server``, ``protocols``, ``client_session``, ``upstream``,
+``events``, ``conn.machine``) opens no sockets; ``server``, ``conn``, ``upstream``,
 ``cache.redis_store``, ``http``, ``admin`` and ``app`` are the I/O edges. ``metrics`` holds
 every metric (declared in ``metric_table``).
 """

@@ -1,6 +1,5 @@
-"""The Thrift listener: a session per client connection once it needs one
-(proxy.client_session, proxy.protocols), the connection limit, SASL negotiation, the idle
-clock of connections with no task, and a graceful stop."""
+"""The Thrift listener: a protocol per client connection (proxy.conn), the connection limit,
+SASL negotiation, the connections' clocks, and a graceful stop."""
 
 from __future__ import annotations
 
@@ -8,26 +7,27 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
 
 from proxy.client_connection import WRITE_SLICE
-from proxy.client_session import ClientSession
 from proxy.config import Options
-from proxy.handler import CallHandler
-from proxy.handler.again import replaced
+from proxy.conn.machine import ClientMachine, Close, Refuse
+from proxy.conn.protocol import ClientProtocol
+from proxy.conn.streamed import READ_SIZE, Streamed, StreamSession, serve_streams
+from proxy.handler import CallHandler, SessionState
+from proxy.handler.identity import authenticated_identity
 from proxy.handler.session import PeerName, peer_name
-from proxy.loop import guarded_write
 from proxy.metric_table import AUTH_MECHANISMS
 from proxy.metrics import Metrics
-from proxy.protocols import READ_SIZE, TasklessProtocol, open_streams
 from proxy.sasl.layer import SaslError
 from proxy.sasl.server import Authenticated, Refused, SaslAcceptor
+from proxy.sasl.stream import ByteReader, ByteWriter
 from proxy.tls import server_context
 from proxy.wire.binary import AppErrorType, MessageHeader, encode_application_exception
-from proxy.wire.errors import ProtocolError
-from proxy.wire.framing import MessageReader
 
 log = logging.getLogger(__name__)
+
+# A connection over the limit is told so at its first call, or closed after this long.
+REFUSAL_PATIENCE = 5.0
 
 
 class ThriftServer:
@@ -43,15 +43,14 @@ class ThriftServer:
         self.metrics = metrics
         self.acceptor = acceptor  # SASL (--client-auth kerberos): who each engine is
         self._server: asyncio.Server | None = None
-        self._sessions: set[ClientSession] = set()
-        # Connections with no session yet: each answered, so far, by an answer kept for its
-        # call (proxy.protocols.answered_before_a_session), or silent.
-        self._sessionless: set[TasklessProtocol] = set()
-        # Connections served by a task from the start (SASL, refused at the limit), with
-        # their writers: a stop closes those with no session yet.
-        self._starting: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
-        # Calls sent as they arrived, being finished the ordinary way (see ClientSession).
-        self.finishing: set[asyncio.Task[None]] = set()
+        # Connections served by their protocol (proxy.conn.protocol), and those over the
+        # limit waiting to be told so.
+        self._connections: set[ClientProtocol] = set()
+        self._refusing: set[ClientProtocol] = set()
+        # Connections read through streams (SASL, or a test's): their writers and, once
+        # authenticated, their sessions (counted as connections).
+        self._streamed: dict[asyncio.Task[None], Streamed] = {}
+        self._stream_sessions = 0
         self._negotiating = 0  # connections in their SASL negotiation
         self.stopping = False
         self._refusal_logged_at = float("-inf")
@@ -63,23 +62,23 @@ class ThriftServer:
 
     def connections(self) -> int:
         """The client connections open (but those negotiating SASL or being refused)."""
-        return len(self._sessions) + len(self._sessionless)
+        return len(self._connections) + self._stream_sessions
 
     def _settle(self) -> None:
         """Count the calls answered again and not counted yet (see proxy.handler.again)."""
-        for session in self._sessions:
-            if session.again is not None:
-                session.again.settle()
-        for protocol in self._sessionless:
-            if protocol.again is not None:
-                protocol.again.settle()
+        for conn in self._connections:
+            if conn.again is not None:
+                conn.again.settle()
 
     async def start(self) -> None:
         context = server_context(self.options)
         loop = asyncio.get_running_loop()
 
-        def protocol() -> TasklessProtocol:
-            return TasklessProtocol(self, loop)
+        def protocol() -> asyncio.BaseProtocol:
+            if self.acceptor is not None:  # (its bytes are wrapped: read through streams)
+                reader = asyncio.StreamReader(READ_SIZE, loop)
+                return asyncio.StreamReaderProtocol(reader, self._stream_connected, loop)
+            return self.protocol(loop)
 
         self._server = await loop.create_server(
             protocol,
@@ -89,42 +88,35 @@ class ThriftServer:
             ssl=context,
             ssl_handshake_timeout=self.options.client_message_timeout if context else None,
         )
-        idle = self.options.client_idle_timeout
-        if idle:
-            self._sweep_every = min(1.0, idle / 4)
-            self._sweeper = loop.call_later(self._sweep_every, self._sweep_idle)
+        clocks = [self.options.client_message_timeout / 4, 1.0]
+        if self.options.client_idle_timeout:
+            clocks.append(self.options.client_idle_timeout / 4)
+        self._sweep_every = max(0.01, min(clocks))
+        self._sweeper = loop.call_later(self._sweep_every, self._sweep)
 
-    def _sweep_idle(self) -> None:
-        """The idle clock of the sessions with no task (a session's task has its own, see
-        ClientSession._read_within): ``--client-idle-timeout`` from the last request answered,
-        not counting a call in flight; a connection is closed up to a quarter of the
-        timeout (at most a second) after it. One timer for them all: one per connection
-        cost ~5 us of each of Trino's calls (git log -p docs/benchmarks.md)."""
-        idle = self.options.client_idle_timeout
+    def protocol(self, loop: asyncio.AbstractEventLoop) -> ClientProtocol:
+        """The protocol of a plain connection (``--fast-paths off``: nothing is answered
+        from its callbacks, every call waits in a task)."""
+        return ClientProtocol(self, loop, at_once=self.options.fast_paths != "off")
+
+    def _sweep(self) -> None:
+        """The clocks of the connections served by their protocol (see
+        proxy.conn.machine): a call not whole by its deadline, a connection idle too long,
+        closed up to a quarter of the timeout (at most a second) late. One timer for them
+        all: one per connection cost ~5 us of each of Trino's calls (git log -p
+        docs/benchmarks.md)."""
         loop = asyncio.get_running_loop()
         try:
             now = loop.time()
-            for session in list(self._sessions):
-                if (
-                    session.task is None
-                    and session.flight is None
-                    and now - session.answered_at >= idle
-                    and not session.closing()  # (closed already, not ended yet)
-                ):
-                    session.idle_out(idle)
-            for protocol in list(self._sessionless):
-                transport = protocol.transport
-                if (
-                    transport is not None
-                    and now - protocol.answered_at >= idle
-                    and not transport.is_closing()
-                ):
-                    self.idle_out(PeerName(transport), idle, transport.close)
+            for conn in [*self._connections, *self._refusing]:
+                due = conn.machine.due()
+                if due is not None and due <= now:
+                    conn.tick(now)
         except Exception:  # (a bug: logged; the clock goes on for the others)
-            log.exception("the idle clock of connections with no task")
+            log.exception("the clocks of client connections")
         finally:
             if not self.stopping:
-                self._sweeper = loop.call_later(self._sweep_every, self._sweep_idle)
+                self._sweeper = loop.call_later(self._sweep_every, self._sweep)
 
     @property
     def ports(self) -> list[int]:
@@ -135,59 +127,83 @@ class ThriftServer:
     def listening(self) -> bool:
         return self._server is not None and self._server.is_serving() and not self.stopping
 
-    def accepted(self, protocol: TasklessProtocol, transport: asyncio.WriteTransport) -> None:
-        """A connection the listener accepted. Its session starts with neither streams nor
-        a task: its protocol answers what it can as it arrives (hits, calls only forwarded)
-        and the session gets them at the first thing that needs them (see
-        proxy.protocols). Trino opens a connection per call: most of them then end with
-        neither. A SASL negotiation, a connection over the limit, and every connection
-        with ``--fast-paths off`` are served by a task from the start. Its socket has
-        TCP_NODELAY already: asyncio's and uvloop's TCP transports set it."""
+    def accepted(self, conn: ClientProtocol) -> None:
+        """A connection the listener accepted (its protocol's first callback). Over the
+        limit, it is told so at its first call (a Thrift client cannot be told anything
+        before it asks), then closed. Its socket has TCP_NODELAY already: asyncio's and
+        uvloop's TCP transports set it."""
+        transport = conn.transport
+        assert transport is not None
         if self.stopping:
             transport.close()
             return
         limit = self.options.max_client_connections
-        if (
-            self.acceptor is not None
-            or (limit and self.connections() >= limit)
-            or self.options.fast_paths == "off"
-        ):
-            _, reader, writer = open_streams(transport, protocol.loop)
-            task = protocol.loop.create_task(self.serve_client(reader, writer))
-            self._starting[task] = writer
-            task.add_done_callback(functools.partial(self._served, writer))
+        if limit and self.connections() + self._negotiating >= limit:
+            conn.refusing = limit
+            conn.at_once = False
+            conn.machine.message_timeout = min(REFUSAL_PATIENCE, conn.machine.message_timeout)
+            conn.machine.idle_timeout = REFUSAL_PATIENCE
+            self._refusing.add(conn)
+            self._count_refusal(limit)
             return
+        # Keep up to a slice queued while the socket drains, so big replies never wait for
+        # an empty buffer before the next slice is handed over.
         transport.set_write_buffer_limits(high=WRITE_SLICE, low=WRITE_SLICE // 4)
-        self._sessionless.add(protocol)  # (its session made when needed: open_session)
-        protocol.answered_at = protocol.loop.time()
+        self._connections.add(conn)
 
-    def open_session(self, protocol: TasklessProtocol) -> ClientSession:
-        """The session of a connection that had none (see :meth:`accepted`)."""
-        self.sessionless_lost(protocol)
-        assert protocol.transport is not None
-        session = ClientSession(self, protocol.transport, protocol.loop)
-        protocol.session = session
-        self._sessions.add(session)
-        session.waiting = True  # (for its first request, with no task: see proxy.protocols)
-        session.answered_at = protocol.answered_at
-        return session
+    def _count_refusal(self, limit: int) -> None:
+        self.metrics.client_errors.labels("connection_limit").inc()
+        now = asyncio.get_running_loop().time()
+        if now - self._refusal_logged_at > 10:  # a flood of refusals is one line per 10 s
+            self._refusal_logged_at = now
+            log.warning(
+                "refusing client connections: %d open, the limit (--max-client-connections)",
+                limit,
+            )
 
-    def sessionless_lost(self, protocol: TasklessProtocol) -> None:
-        """A connection with no session ended, or has one now: what answered its last call
-        counts its answers, unless still kept for every connection (proxy.handler.again)."""
-        self._sessionless.discard(protocol)
-        again, protocol.again = protocol.again, None
-        replaced(again, None)
+    def refused(self, conn: ClientProtocol, header: MessageHeader | None) -> None:
+        """A connection over the limit asked its first call (``header``, if it could be
+        read): answered with an error that says why, then closed."""
+        transport = conn.transport
+        assert transport is not None
+        if header is not None:
+            reply = encode_application_exception(
+                header.name,
+                header.seqid,
+                AppErrorType.INTERNAL_ERROR,
+                f"hms-cache-proxy: too many client connections (limit {conn.refusing}); "
+                "retry later",
+            )
+            transport.write(self.options.client_transport.frame(reply))
+        transport.close()
 
-    def idle_out(self, peer: object, idle: float, close: Callable[[], None]) -> None:
-        """Close a connection idle for ``idle`` seconds: counted, logged."""
-        self.metrics.client_errors.labels("idle").inc()
-        log.info("%s: closing connection idle for %g s", peer, idle)
-        close()
+    def report(self, peer: object, decision: Refuse | Close) -> None:
+        """Why a connection is closed, counted and logged (see proxy.conn.machine)."""
+        if isinstance(decision, Refuse):
+            self.metrics.client_errors.labels(decision.reason).inc()
+            log.warning("%s: closing connection: %s", peer, decision.text)
+        elif decision.reason == "idle":
+            self.metrics.client_errors.labels("idle").inc()
+            log.info("%s: closing connection %s", peer, decision.text)
+        elif decision.reason == "timeout":
+            self.metrics.client_errors.labels("timeout").inc()
+            log.warning("%s: closing connection: %s", peer, decision.text)
+        elif decision.reason == "ended_mid_call":
+            log.warning("%s: %s", peer, decision.text)
+
+    def ended(self, conn: ClientProtocol) -> None:
+        self._connections.discard(conn)
+        self._refusing.discard(conn)
+
+    def _stream_connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A connection read through streams (SASL): served by a task of its own."""
+        task = asyncio.get_running_loop().create_task(self.serve_client(reader, writer))
+        self._streamed[task] = Streamed(writer)
+        task.add_done_callback(functools.partial(self._served, writer))
 
     def _served(self, writer: asyncio.StreamWriter, task: asyncio.Task[None]) -> None:
-        """A connection's task from the start has ended (a bug in it: logged, closed)."""
-        self._starting.pop(task, None)
+        """A connection read through streams has ended (a bug in it: logged, closed)."""
+        self._streamed.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             log.error(
                 "%s: internal error serving the connection",
@@ -196,21 +212,14 @@ class ThriftServer:
             )
             writer.close()
 
-    def ended(self, session: ClientSession) -> None:
-        self._sessions.discard(session)
-        session.keep_again(None)
-
     async def serve_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        """One client connection, from its streams, until it ends, with a task from the
-        start: a SASL negotiation or a connection over the limit (see :meth:`accepted`);
-        tests run it on streams of their own."""
+        """One client connection read through streams, until it ends: a SASL negotiation,
+        then its session (see proxy.conn.streamed); tests run it on streams of their own."""
         if self.stopping:
             writer.close()
             return
-        # Keep up to a slice queued while the socket drains, so big replies never wait for
-        # an empty buffer before the next slice is handed over.
         writer.transport.set_write_buffer_limits(high=WRITE_SLICE, low=WRITE_SLICE // 4)
         limit = self.options.max_client_connections
         if limit and self.connections() + self._negotiating >= limit:
@@ -227,13 +236,45 @@ class ThriftServer:
                 self._negotiating -= 1
             if authenticated is None:
                 return
-        # (A SASL session's bytes are wrapped: its protocol answers nothing as it arrives.)
-        session = ClientSession(
-            self, writer.transport, asyncio.get_running_loop(), reader, writer, authenticated
+        state = SessionState(peer=PeerName(writer.transport))
+        byte_reader: ByteReader = reader
+        byte_writer: ByteWriter = writer
+        if authenticated is not None:
+            byte_reader, byte_writer = authenticated.reader, authenticated.writer
+            state.user = authenticated.user
+            state.mechanism = authenticated.mechanism
+            state.principal = authenticated.principal
+            state.identity = authenticated_identity(
+                authenticated.user,
+                end_user=self.options.upstream_identity == "end-user",
+                upstream_sasl=self.options.upstream_auth == "kerberos",
+            )
+        options = self.options
+        machine = ClientMachine(
+            options.client_transport,
+            max_request_bytes=options.max_request_bytes,
+            message_timeout=options.client_message_timeout,
+            idle_timeout=options.client_idle_timeout,
+            now=asyncio.get_running_loop().time(),
         )
-        session.task = asyncio.current_task()
-        self._sessions.add(session)
-        await session.run()
+        session = StreamSession(state)
+        entry = self._streamed.get(asyncio.current_task())  # type: ignore[arg-type]
+        if entry is not None:
+            entry.session = session
+        self._stream_sessions += 1
+        try:
+            await serve_streams(
+                self.handler,
+                session,
+                byte_reader,
+                byte_writer,
+                machine,
+                self.report,
+                lambda: self.stopping,
+            )
+        finally:
+            self._stream_sessions -= 1
+            self.handler.end_session(state)
 
     async def _authenticate(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -282,98 +323,56 @@ class ThriftServer:
     async def _refuse(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limit: int
     ) -> None:
-        """One connection over the limit: answer its first call with an error that says why
-        (a Thrift client cannot be told anything before it asks), then close."""
-        self.metrics.client_errors.labels("connection_limit").inc()
-        now = asyncio.get_running_loop().time()
-        if now - self._refusal_logged_at > 10:  # a flood of refusals is one line per 10 s
-            self._refusal_logged_at = now
-            log.warning(
-                "refusing client connections: %d open, the limit (--max-client-connections)",
-                limit,
-            )
-        if self.acceptor is not None:  # a SASL engine reads no Thrift before negotiating
-            writer.close()
-            return
-        requests = MessageReader(self.options.client_transport, 64 * 1024)
-        header: MessageHeader | None = None
-        try:
-            async with asyncio.timeout(min(5.0, self.options.client_message_timeout)):
-                while header is None:
-                    data = await reader.read(READ_SIZE)
-                    if not data:
-                        return
-                    requests.feed(data)
-                    with contextlib.suppress(ProtocolError):
-                        message = requests.next_message()
-                        header = message.header if message is not None else requests.header
-            reply = encode_application_exception(
-                header.name,
-                header.seqid,
-                AppErrorType.INTERNAL_ERROR,
-                f"hms-cache-proxy: too many client connections (limit {limit}); retry later",
-            )
-            guarded_write(writer, self.options.client_transport.frame(reply))
-            await asyncio.wait_for(writer.drain(), 1.0)
-        except (TimeoutError, ConnectionError, ProtocolError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+        """A connection read through streams over the limit: a SASL engine reads no Thrift
+        before negotiating, so it is closed at once."""
+        self._count_refusal(limit)
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
 
     async def stop(self, drain_timeout: float) -> None:
-        """Stop accepting, let calls in flight finish (up to ``drain_timeout``), close the rest."""
+        """Stop accepting, let calls under way finish (up to ``drain_timeout``), close the
+        rest."""
         self.stopping = True
-        loop = asyncio.get_running_loop()
-        until = loop.time() + drain_timeout
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
-        starting = self._close_starting()
-        for protocol in list(self._sessionless):  # (nothing of theirs in flight)
-            if protocol.transport is not None:
-                protocol.transport.close()
-        for session in list(self._sessions):
-            session.keep_again(None)
-            if not session.busy:
-                session.close()
-        ending = [session.ending() for session in self._sessions]
-        if ending:
-            _, pending = await asyncio.wait(ending, timeout=drain_timeout)
+        for conn in list(self._refusing):  # (nothing of theirs under way)
+            conn.close()
+        for conn in list(self._connections):
+            conn.again_with(None)
+            if not conn.busy:
+                conn.close()
+        streamed = []
+        for task, entry in list(self._streamed.items()):
+            if entry.session is None:  # negotiating, or over the limit: nothing under way
+                entry.writer.close()
+                task.cancel()
+            elif not entry.session.handling:
+                entry.writer.close()
+            streamed.append(task)
+        ending: list[asyncio.Future[None]] = [conn.ending() for conn in self._connections]
+        waited = [*ending, *streamed]
+        if waited:
+            _, pending = await asyncio.wait(waited, timeout=drain_timeout)
             if pending:
                 log.warning(
-                    "drain timeout: closing %d connections with calls in flight", len(pending)
+                    "drain timeout: closing %d connections with calls under way", len(pending)
                 )
             tasks = []
-            for session in list(self._sessions):
-                session.close()
-                if session.task is not None:
-                    session.task.cancel()
-                    tasks.append(session.task)
-                else:
-                    session.end()  # (its call in flight is abandoned)
-            await asyncio.gather(*tasks, return_exceptions=True)
-        if self.finishing:  # (their sessions ended first: nothing waited for them)
-            left = max(0.0, until - loop.time())
-            _, pending = await asyncio.wait(self.finishing, timeout=left)
-            for task in pending:
+            for conn in list(self._connections):
+                conn.close()
+                if conn.task is not None:
+                    conn.task.cancel()
+                    tasks.append(conn.task)
+                conn.end()  # (a call in flight is abandoned)
+            for task, entry in list(self._streamed.items()):
+                entry.writer.close()
                 task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        await asyncio.gather(*starting, return_exceptions=True)
+                tasks.append(task)
+            await asyncio.gather(*tasks, return_exceptions=True)
         if self.handler.known is not None:  # (the answers kept, not counted yet)
             self.handler.known.settle()
         if self._server is not None:
             await self._server.wait_closed()
-
-    def _close_starting(self) -> list[asyncio.Task[None]]:
-        """Close the connections that have no session yet, and cancel their tasks: those
-        negotiating SASL, and those over the limit waiting to be told so. Nothing of theirs
-        is in flight."""
-        sessions = {session.task for session in self._sessions}
-        cancelled = [task for task in self._starting if task not in sessions]
-        for task in cancelled:
-            self._starting[task].close()
-            task.cancel()
-        return cancelled

@@ -31,7 +31,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from proxy.wire.binary import MessageHeader, MessageType
+from proxy.wire.binary import (
+    AppErrorType,
+    MessageHeader,
+    MessageType,
+    encode_application_exception,
+)
 from proxy.wire.errors import MessageTooLarge, ProtocolError
 from proxy.wire.framing import Message, MessageReader, Transport
 
@@ -64,6 +69,20 @@ class Refuse:
     reason: str  # "protocol", "too_large", "bad_message_type"
     text: str
     header: MessageHeader | None
+
+    def reply(self) -> bytes | None:
+        """The error its caller is answered with (unframed), if it can be named."""
+        header = self.header
+        if header is None:
+            return None
+        kind = (
+            AppErrorType.INVALID_MESSAGE_TYPE
+            if self.reason == "bad_message_type"
+            else AppErrorType.PROTOCOL_ERROR
+        )
+        return encode_application_exception(
+            header.name, header.seqid, kind, f"hms-cache-proxy: {self.text}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +119,9 @@ class ClientMachine:
         self._idle_since = now  # the last call answered (IDLE)
         self._deadline = 0.0  # when the call under way must be whole (RECEIVING)
         self._ended = False  # the client ended its side (what it sent is still answered)
+        # A chunk that came alone while a call was answered, with nothing kept before it:
+        # handed out as whole bytes if it holds exactly the next call.
+        self._kept_whole: bytes | None = None
 
     # -- what arrives ----------------------------------------------------------------------
 
@@ -120,6 +142,12 @@ class ClientMachine:
         self.calls += 1
         self._idle_since = now
 
+    def answering_whole(self) -> None:
+        """A chunk offered whole (:meth:`whole_chunk_welcome`) was one call, being answered
+        (forwarded as it arrived): ``ANSWERING`` until :meth:`answered`."""
+        assert self.state is State.IDLE
+        self.state = State.ANSWERING
+
     def received(self, data: bytes, now: float, *, tried: bool = False) -> Decision | None:
         """``data`` arrived (``tried``: offered whole and declined). A call is whole: the
         :class:`Call` to answer; bad input: :class:`Refuse`; else ``None`` (more is
@@ -131,9 +159,11 @@ class ClientMachine:
         if alone:
             self._deadline = now + self.message_timeout  # (the call's first byte)
             self.state = State.RECEIVING
-        requests.feed(data)
         if self.state is State.ANSWERING:
+            self._kept_whole = data if not requests.buffered else None
+            requests.feed(data)
             return None
+        requests.feed(data)
         decision = self._next()
         if isinstance(decision, Call) and alone and not requests.buffered:
             # (Nothing before it, nothing after it: the chunk was this call, frame and all.)
@@ -176,12 +206,15 @@ class ClientMachine:
         self.calls += 1
         self._idle_since = now
         self.state = State.IDLE
+        kept, self._kept_whole = self._kept_whole, None
         if self._requests.buffered:
             # (What came meanwhile is the start of the next call: its clock starts now, as
             # it would have had the call been answered before it was sent.)
             self.state = State.RECEIVING
             self._deadline = now + self.message_timeout
             decision = self._next()
+            if isinstance(decision, Call) and kept is not None and not self._requests.buffered:
+                return Call(decision.message, kept)  # (it came alone: the chunk was it)
             if decision is not None or not self._ended:
                 return decision
         if self._ended:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from proxy.protocols import TasklessProtocol
 from proxy.server import ThriftServer
 from tests.unit.scripted_hms import split_messages, until
 
@@ -100,7 +99,7 @@ class FakeConnection:
         loop = asyncio.get_running_loop()
         self.framed = framed
         self.transport = FakeTransport(loop, port)
-        protocol = TasklessProtocol(server, loop)  # (what the listener makes for it)
+        protocol = server.protocol(loop)  # (what the listener makes for it)
         self.transport.set_protocol(protocol)
         protocol.connection_made(self.transport)
 

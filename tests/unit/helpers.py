@@ -323,8 +323,8 @@ def answered_now(r: Rig, session: SessionState, data: bytes) -> tuple[KnownCall,
 
 
 def session_tasks() -> int:
-    """The sessions with a task, now."""
-    return sum(t.get_coro().__qualname__ == "ClientSession.run" for t in asyncio.all_tasks())  # type: ignore[union-attr]
+    """The calls being answered by a task of their own, now (see proxy.conn.protocol)."""
+    return sum(t.get_coro().__qualname__ == "ClientProtocol._call" for t in asyncio.all_tasks())  # type: ignore[union-attr]
 
 
 # -- changes under a cached answer, and the counts after it (test_again) ----------------------

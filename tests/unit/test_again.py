@@ -265,7 +265,7 @@ def test_a_call_that_takes_another_way_ends_it() -> None:
                 assert await client.call(get_table(seqid)) == answer(r, seqid)
             assert at_once(r) == 2  # the hits (the fourth answered again)
             await client.call(idl.encode_call("set_ugi", 5, user_name="bob", group_names=[]))
-            (session,) = server._sessions
+            (session,) = server._connections
             assert session.again is None  # ended by the set_ugi
             assert await client.call(get_table(6)) == answer(r, 6)
             # This metastore kept alice (a second set_ugi is refused): her entry, and the
@@ -293,7 +293,7 @@ def test_calls_sent_together_are_not_answered_again() -> None:
             # Those bytes went the ordinary way: the session dropped the Again, whose
             # answer is counted with the others it gives (kept for every connection), by a
             # scrape at the latest.
-            (session,) = server._sessions
+            (session,) = server._connections
             assert session.again is None
             assert _counted(r)[1] == 3
             assert hits(r) == 4
@@ -314,7 +314,7 @@ def test_a_stopping_server_answers_nothing_again() -> None:
                 client = await connect(r, server.ports[0])
                 for seqid in (1, 2, 3):
                     await client.call(get_table(seqid))
-                (session,) = server._sessions
+                (session,) = server._connections
                 assert session.again is not None  # the third was answered again
                 assert _counted(r) == (2, 1, 1)
                 await server.stop(5)
@@ -354,7 +354,8 @@ def test_what_answers_again_is_made_once_per_hit_and_shared_by_every_connection(
                 assert await client.call(get_table(5)) == answer(r, 5)
                 assert await client.call(get_table(6)) == answer(r, 6)  # and on its own
                 # ... with no session made for it: nothing asked needed one.
-                assert not server._sessions and server.connections() == 1
+                assert server.connections() == 1
+                assert all(conn.state is None for conn in server._connections)
                 # Every hit at once, by the one answer kept (made with the second's hit).
                 assert at_once(r) == 5 and r.hms.calls["get_table"] == 1
                 assert known.first(repeat_of(2)) is call and call.again is kept
@@ -366,7 +367,7 @@ def test_what_answers_again_is_made_once_per_hit_and_shared_by_every_connection(
                     assert await client.call(request) == r.hms.answer(
                         "get_table", seqid_of(request), dbname=DB, tbl_name="u"
                     )
-                (session,) = server._sessions
+                (session,) = server._connections
                 u_repeat = call_without_seqid(other[0], Transport.BUFFERED)
                 assert u_repeat is not None
                 u_call = known.get(session.state, u_repeat[0])
@@ -490,7 +491,7 @@ def test_what_a_connection_keeps_to_answer_again_goes_with_the_in_process_copy()
                 client = await connect(r, server.ports[0])
                 for seqid in (1, 2, 3):
                     await client.call(get_table(seqid))
-                (session,) = server._sessions
+                (session,) = server._connections
                 again = session.again
                 assert again is not None
                 assert _bytes_held(again) > 200_000  # the reply, while its copy is kept

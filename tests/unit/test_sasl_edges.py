@@ -544,22 +544,13 @@ class _Marked:
         return bytes(data)[1:]
 
 
-@pytest.mark.parametrize("made_by", ["connection", "session"])
 @pytest.mark.parametrize("layer", [PLAIN, _Marked()], ids=["plain", "wrapped"])
-def test_a_big_reply_to_a_sasl_session_goes_through_its_layer_on_uvloop(
-    layer: Any, made_by: str
-) -> None:
+def test_a_big_reply_to_a_sasl_session_goes_through_its_layer_on_uvloop(layer: Any) -> None:
     # uvloop's TCP transport is given big replies whole (no copy, ClientConnection): never
     # a SASL session's, whose raw transport is uvloop's too, but whose bytes must be framed
-    # (and wrapped) by its writer; also as its session (proxy.client_session) makes it.
+    # (and wrapped) by its writer (as proxy.conn.streamed makes its ClientConnection).
     uvloop = pytest.importorskip("uvloop")
-    from types import SimpleNamespace
-
     from proxy.client_connection import ClientConnection
-    from proxy.client_session import ClientSession
-    from proxy.config import Options
-    from proxy.sasl.layer import Qop
-    from proxy.sasl.server import Authenticated
     from proxy.sasl.stream import SaslWriter
 
     message = b"HEAD" + b"x" * 100_000
@@ -577,15 +568,7 @@ def test_a_big_reply_to_a_sasl_session_goes_through_its_layer_on_uvloop(
         server = await asyncio.start_server(peer, "127.0.0.1", 0)
         _, raw = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
         try:
-            if made_by == "connection":
-                conn = ClientConnection(SaslWriter(raw, layer), Transport.BUFFERED)
-            else:
-                sasl = SaslWriter(raw, layer)
-                who = Authenticated("u", "u@R", "GSSAPI", Qop.AUTH, None, sasl)  # type: ignore[arg-type]
-                listener = SimpleNamespace(options=Options())
-                loop = asyncio.get_running_loop()
-                session = ClientSession(listener, raw.transport, loop, None, raw, who)  # type: ignore[arg-type]
-                conn = session.client
+            conn = ClientConnection(SaslWriter(raw, layer), Transport.BUFFERED)
             await conn.send_message(message[:4], memoryview(message)[4:])
         finally:
             raw.close()

@@ -1,8 +1,8 @@
-"""Sessions with no task (see proxy.protocols): a connection whose calls are
-answered as they arrive keeps the listener's promises (the idle timeout, the connection
-limit, a stop, the connection gauge) as a session with a task does; and a stop closes the
-connections with no session yet. On a loopback port (a request in parts: fed on a fake
-transport, tests.unit.fake_transport)."""
+"""A client connection's protocol (proxy.conn.protocol): a connection whose calls are
+answered as they arrive, with no task and often no session, keeps the listener's promises
+(the idle timeout, the connection limit, a stop, the connection gauge) as one whose calls
+wait in tasks does; and a stop closes the connections with no session yet. On a loopback
+port (a request in parts: fed on a fake transport, tests.unit.fake_transport)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from thrift.Thrift import TApplicationException
 
-from proxy import client_session, idl
+from proxy import idl
+from proxy.conn.protocol import ClientProtocol
 from proxy.handler.again import Again
 from proxy.handler.session import PeerName
-from proxy.protocols import StreamProtocol, TasklessProtocol
 from proxy.sasl.negotiation import Status, encode
 from proxy.server import ThriftServer
 from tests.rig.raw import seqid_of
@@ -98,8 +98,7 @@ def test_a_stop_closes_taskless_connections_at_once() -> None:
             for client in clients:
                 assert await asyncio.wait_for(client.reader.read(), 30) == b""
             await asyncio.wait_for(stopping, 30)
-            assert not server._sessions
-            await until(lambda: not server._sessionless, "the ends of those with no session")
+            await until(lambda: not server._connections, "the connections' ends")
             assert not r.sample("hmsproxy_client_connections")
             for client in clients:
                 await client.close()
@@ -129,7 +128,7 @@ def test_a_stop_closes_connections_that_have_no_session_yet() -> None:
             for client in (negotiating, second):
                 assert await asyncio.wait_for(client.reader.read(), 30) == b""
             await asyncio.wait_for(stopping, 30)
-            assert not server._starting and server._negotiating == 0
+            assert not server._streamed and server._negotiating == 0
             for client in (negotiating, second):
                 await client.close()
 
@@ -150,9 +149,9 @@ def test_a_stop_closes_a_connection_over_the_limit_still_waiting_to_be_refused()
             held = await connect(r, port)
             assert seqid_of(await held.call(get_table(1))) == 1  # the one session
             over = await connect(r, port)  # nothing said: its refusal waits for a call
-            await until(lambda: len(server._starting) == 1, "its refusal waiting")
+            await until(lambda: len(server._refusing) == 1, "its refusal waiting")
             await asyncio.wait_for(server.stop(3600), 30)
-            assert not server._starting  # (ended, not left to its own 5 s)
+            await until(lambda: not server._refusing, "its end")  # (not left to its own 5 s)
             assert await asyncio.wait_for(over.reader.read(), 30) == b""
             assert r.sample("hmsproxy_client_errors_total", reason="connection_limit") == 1
             for client in (held, over):
@@ -164,13 +163,13 @@ def test_a_stop_closes_a_connection_over_the_limit_still_waiting_to_be_refused()
 def test_a_bug_in_a_sessions_task_is_logged_and_its_connection_closed(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async def broken(self: Any) -> None:
+    async def broken(self: Any, message: Any, sent: Any = None) -> None:
         raise KeyError("a bug")
 
     async def run() -> None:
         async with serving() as (r, port, _server):
             r.hms.add_table(DB, T, v="1")
-            monkeypatch.setattr(client_session.ClientSession, "_serve", broken)
+            monkeypatch.setattr(ClientProtocol, "_call", broken)
             client = await connect(r, port)
             await client.send(get_table(1))  # a miss: the task starts, and breaks
             assert await asyncio.wait_for(client.reader.read(), 30) == b""
@@ -181,34 +180,30 @@ def test_a_bug_in_a_sessions_task_is_logged_and_its_connection_closed(
     asyncio.run(run())
 
 
-def test_a_pause_of_writing_before_the_streams_holds_after_them() -> None:
-    """The transport told the taskless protocol to stop writing (a client that reads
-    nothing): the stream protocol that takes over must not write until told to resume."""
+def test_a_pause_of_writing_before_the_session_holds_after_it() -> None:
+    """The transport told the protocol to stop writing (a client that reads nothing)
+    before its session was made: a task's writes wait for the resume all the same."""
 
     async def run() -> None:
-        async with fed() as (r, server, connection):
+        async with fed() as (r, _server, connection):
             r.hms.add_table(DB, T, v="1")
             first = connection()
             first.feed(get_table(1))  # cached
             await first.replied(1)
             await first.end()
             client = connection()
-            client.feed(get_table(2))
-            assert [seqid_of(reply) for reply in await client.replied(1)] == [2]
-            (session,) = server._sessions
-            assert session.task is None
-            taskless = client.transport.get_protocol()
-            assert isinstance(taskless, TasklessProtocol)
-            taskless.pause_writing()  # (as the transport would)
-            client.feed(get_table(3)[:10])  # a part: the streams, and the task
-            assert session.task is not None
-            streams = client.transport.get_protocol()
-            assert isinstance(streams, StreamProtocol) and streams is not taskless
-            # (asyncio's flow control: a drain waits for a resume)
-            assert streams._paused  # type: ignore[attr-defined]
-            streams.resume_writing()
-            client.feed(get_table(3)[10:])
-            assert [seqid_of(reply) for reply in await client.replied(2)] == [2, 3]
+            protocol = client.transport.get_protocol()
+            assert isinstance(protocol, ClientProtocol) and protocol.state is None
+            protocol.pause_writing()  # (as the transport would)
+            request = get_table(2)
+            client.feed(request[:10])  # in parts: a task answers it
+            client.feed(request[10:])
+            await until(lambda: len(client.replies()) == 1, "its reply written")
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert session_tasks() == 1  # (waiting for the transport to drain)
+            protocol.resume_writing()
+            await until(lambda: session_tasks() == 0, "the task's end")
             await client.end()
 
     asyncio.run(run())
@@ -226,12 +221,13 @@ def test_a_sessions_address_for_the_log_is_made_when_written_and_holds_after_the
             r.hms.add_table(DB, T, v="1")
             client = await connect(r, port)
             assert seqid_of(await client.call(get_table(1))) == 1
-            (session,) = server._sessions
-            peer = session.state.peer
+            (conn,) = server._connections
+            assert conn.state is not None  # (a miss: its task needed one)
+            peer = conn.state.peer
             assert isinstance(peer, PeerName) and peer._name is None  # (not made yet)
             host, client_port = client.writer.get_extra_info("sockname")
             await client.close()
-            await until(lambda: session.over, "the session's end")
+            await until(lambda: conn.over, "the connection's end")
             assert str(peer) == f"{host}:{client_port}"
 
     if loop == "uvloop":
@@ -256,15 +252,15 @@ def test_a_call_answered_as_kept_needs_no_session_and_its_connection_is_counted(
             await call_once(r, port, get_table(1))  # a miss: cached
             await call_once(r, port, get_table(2))  # a hit: its answer kept
             await until(lambda: not r.sample("hmsproxy_client_connections"), "their ends")
-            await until(lambda: not server._sessions, "their sessions' ends")
+            await until(lambda: not server._connections, "their ends")
             for seqid in (3, 4, 5, 6):
                 client = await connect(r, port)
                 assert seqid_of(await client.call(get_table(seqid))) == seqid
                 assert r.sample("hmsproxy_client_connections") == 1
-                assert not server._sessions  # (none made for it)
+                assert all(conn.state is None for conn in server._connections)  # (none made)
                 await client.close()
                 await until(lambda: not r.sample("hmsproxy_client_connections"), "its end")
-            assert not server._sessionless
+            assert not server._connections
             assert r.sample("hmsproxy_requests_total", method="get_table", outcome="ok") == 6
             assert at_once(r) == 5 and r.hms.calls["get_table"] == 1
 
@@ -314,7 +310,7 @@ async def answered_by_an_again_let_go(
     client = await connect(r, port)
     for seqid in (3, 4):
         assert seqid_of(await client.call(get_table(seqid))) == seqid
-    assert not server._sessions  # (answered with none)
+    assert all(conn.state is None for conn in server._connections)  # (answered with none)
     r.metrics.settle()
     before = _counted(r)
     monkeypatch.setattr(known_calls, "KNOWN_CALLS", 1)
@@ -353,7 +349,7 @@ def test_a_connection_with_no_session_counts_what_answered_it_when_it_moves_on(
         async with serving() as (r, port, server):
             client, other, before = await answered_by_an_again_let_go(r, port, server, monkeypatch)
             assert seqid_of(await client.call(other[2])) == 7  # by u's, kept
-            assert not server._sessions
+            assert all(conn.state is None for conn in server._connections)
             assert _counted(r)[:2] == (before[0] + 3, before[1] + 3)  # (u's hit, t's two)
             await client.close()
             r.metrics.settle()

@@ -1,0 +1,444 @@
+"""A client connection's I/O: one ``asyncio.Protocol`` for its whole life.
+
+What arrives is fed to the connection's state machine (:mod:`.machine`), and the protocol
+does what it says. A call that arrives whole, alone in its chunk, while the connection is
+idle, is first tried as it stands, from this callback, with no task and no coroutine: the
+call answered last asked again (an ``Again``, compared in place), a call the proxy knows
+by its bytes, a hit needing no await, a call only forwarded (a ``Flight``, whose reply is
+written as it arrives). Trino opens a connection per call: most of its connections are
+served that way from start to end, and with no session made (who the client is, its
+writer: made at the first call that needs them; made and ended, they cost ~4 us of such a
+call, ``git log -p docs/benchmarks.md``).
+
+A call that must wait (a miss, a write, a call in parts, one kept after another) gets a
+task of its own, which runs the handler and then hands the machine its answer (uvicorn's
+shape: one protocol, a task per request). There is one such call at a time: a Thrift
+client waits for each reply, and what a client that pipelines sends meanwhile waits in
+the machine. Replies answered at once go straight to the transport, and only while nothing
+waits to be written there (a task's writes, with their backpressure, keep the order and
+bound memory); a task's go through :class:`.writer.ProtocolWriter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from enum import Enum
+from typing import TYPE_CHECKING, cast
+
+from proxy.cache.l1 import Item
+from proxy.client_connection import ClientConnection
+from proxy.conn.machine import Call, ClientMachine, Decision, Refuse
+from proxy.conn.writer import ProtocolWriter
+from proxy.handler import ClientGone, SessionState
+from proxy.handler.again import Again, replaced
+from proxy.handler.flight import Flight
+from proxy.handler.forward import Sent
+from proxy.handler.session import PeerName
+from proxy.wire.framing import Message, call_without_seqid, whole_message
+
+if TYPE_CHECKING:
+    from proxy.server import ThriftServer
+
+log = logging.getLogger("proxy.server")  # (its lines are the listener's)
+
+
+class AtOnce(Enum):
+    """What became of a chunk tried as one whole call, from the callback."""
+
+    ANSWERED = "answered"  # written
+    FLYING = "flying"  # sent to the metastore; its reply is written as it arrives
+    ENDED = "ended"  # the connection is closed (its client gone, or a bug)
+
+
+class ClientProtocol(asyncio.Protocol):
+    """One client connection (see the module's docstring). ``at_once``: whether calls may
+    be answered from the callback (``--fast-paths``); ``refusing``: the connection limit it
+    came over (its first call is told so, then it is closed)."""
+
+    def __init__(
+        self,
+        server: ThriftServer,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        at_once: bool = True,
+    ) -> None:
+        self.server = server
+        self.options = server.options
+        self.handler = server.handler
+        self.loop = loop
+        self.at_once = at_once
+        self.refusing = 0
+        self.transport: asyncio.Transport | None = None
+        self.machine: ClientMachine
+        # Made when a call first needs them (see the module's docstring).
+        self.state: SessionState | None = None
+        self.client: ClientConnection | None = None
+        self.writer: ProtocolWriter | None = None
+        # What answered its last call at once, to answer it again (proxy.handler.again).
+        self.again: Again | None = None
+        self.flight: Flight | None = None  # a call forwarded as it arrived, not answered yet
+        self.task: asyncio.Task[None] | None = None  # a call that had to wait
+        self.reading = True
+        self.lost = False
+        self.over = False
+        self._ending: asyncio.Future[None] | None = None
+
+    # -- asyncio's callbacks ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (uvloop's transports are not asyncio's classes, but have their methods)
+        self.transport = cast(asyncio.Transport, transport)
+        options = self.options
+        self.machine = ClientMachine(
+            options.client_transport,
+            max_request_bytes=options.max_request_bytes,
+            message_timeout=options.client_message_timeout,
+            idle_timeout=options.client_idle_timeout,
+            now=self.loop.time(),
+        )
+        self.server.accepted(self)
+
+    def data_received(self, data: bytes) -> None:
+        machine = self.machine
+        tried = False
+        if self.at_once and machine.whole_chunk_welcome():
+            done = self._answered_whole(data)
+            if done is AtOnce.ANSWERED:
+                machine.answered_whole(self.loop.time())
+                return
+            if done is AtOnce.FLYING:
+                machine.answering_whole()
+                return
+            if done is AtOnce.ENDED:
+                return
+            tried = True
+        self._act(machine.received(data, self.loop.time(), tried=tried))
+
+    def eof_received(self) -> bool | None:
+        decision = self.machine.ended(self.loop.time())
+        if decision is None:
+            return True  # a call is being answered: its reply still goes out
+        self._act(decision)
+        return False
+
+    def pause_writing(self) -> None:
+        if self.writer is not None:
+            self.writer.pause()
+        self._paused_writing = True
+
+    def resume_writing(self) -> None:
+        self._paused_writing = False
+        if self.writer is not None:
+            self.writer.resume()
+
+    _paused_writing = False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.machine.close()
+        if self.writer is not None:
+            self.writer.lost(exc)
+        if self.task is None and self.flight is None:
+            self.end()
+        # (Else the call under way ends as ever: answered to nobody, counted, its metastore
+        # connection given back; then the connection's end, see _after.)
+
+    # -- what the machine says -------------------------------------------------------------
+
+    def _act(self, decision: Decision | None) -> None:
+        transport = self.transport
+        assert transport is not None
+        if decision is None:
+            if self.machine.full and self.reading:
+                self.reading = False
+                transport.pause_reading()
+            return
+        if not self.reading and not self.machine.full and not self.lost:
+            self.reading = True
+            transport.resume_reading()
+        if isinstance(decision, Call):
+            if self.refusing:
+                self.server.refused(self, decision.message.header)
+                return
+            whole = decision.whole
+            if whole is not None and self.at_once and not decision.tried:
+                # (A call that came alone while another was answered, its turn come.)
+                done = self._answered_whole(whole)
+                if done is AtOnce.ANSWERED:
+                    self._act(self.machine.answered(self.loop.time()))
+                    return
+                if done is not None:  # (flying, or the connection closed)
+                    return
+            self._start(decision.message)
+        elif isinstance(decision, Refuse):
+            if self.refusing:
+                self.server.refused(self, decision.header)
+                return
+            self.server.report(self._peer(), decision)
+            reply = decision.reply()
+            if reply is not None:
+                transport.write(self.options.client_transport.frame(reply))
+            transport.close()
+        else:
+            self.server.report(self._peer(), decision)
+            transport.close()
+
+    def tick(self, now: float) -> None:
+        """The connection's clocks (the listener's sweep, see ThriftServer)."""
+        decision = self.machine.tick(now)
+        if decision is not None:
+            self._act(decision)
+
+    # -- a call that must wait -------------------------------------------------------------
+
+    def _start(self, message: Message) -> None:
+        self.session()
+        self.again_with(None)  # (its calls go the ordinary way from here: see _call)
+        self.task = self.loop.create_task(self._call(message))
+        self.task.add_done_callback(self._task_done)
+
+    async def _call(self, message: Message, sent: Sent | None = None) -> None:
+        state, client = self.state, self.client
+        assert state is not None and client is not None
+        gone = False
+        try:
+            await self.handler.handle(state, message, client, sent)
+            state.calls += 1
+        except (ConnectionError, ClientGone) as exc:
+            log.debug("%s: connection ended: %s", state.peer, exc)
+            gone = True
+        finally:
+            self.task = None
+            self._after(gone)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:  # (a bug: logged)
+            log.error(
+                "%s: internal error serving the connection",
+                self._peer(),
+                exc_info=task.exception(),
+            )
+            if self.task is task:
+                self.task = None
+            self.close()
+            if self.lost:
+                self.end()
+
+    def _after(self, gone: bool) -> None:
+        """The call under way was answered (``gone``: or its client found gone): the next,
+        if the client sent one meanwhile, or the connection's end."""
+        if gone or self.server.stopping:
+            self.close()
+        if self.lost:
+            self.end()
+            return
+        if self.transport is not None and self.transport.is_closing():
+            return  # (its end comes with connection_lost)
+        self._act(self.machine.answered(self.loop.time()))
+
+    # -- answered at once ------------------------------------------------------------------
+
+    def _answered_whole(self, data: bytes) -> AtOnce | None:
+        """Answer ``data``, one whole call alone in its chunk, from this callback if it can
+        be (see the module's docstring); ``None``: nothing was done with it."""
+        transport = self.transport
+        assert transport is not None
+        if self.server.stopping or transport.get_write_buffer_size() or transport.is_closing():
+            return None
+        try:
+            # The call it answered last, asked again (compared in place), first: an engine's
+            # kept connection repeats its calls.
+            again = self.again
+            if again is not None and again.answer(data, transport):
+                if self.state is not None:
+                    self.state.calls += 1
+                return AtOnce.ANSWERED
+            if self.state is None:  # a connection that has said nothing before
+                known_calls = self.handler.known
+                if known_calls is not None:
+                    repeat = call_without_seqid(data, self.options.client_transport)
+                    known = known_calls.first(repeat[0]) if repeat is not None else None
+                    again = known.again if known is not None else None
+                    if again is not None and again.answer(data, transport):
+                        self.again_with(again)
+                        return AtOnce.ANSWERED
+        except ClientGone as exc:  # (its transport closed: the connection's end follows)
+            log.debug("%s: connection ended: %s", self._peer(), exc)
+            return AtOnce.ENDED
+        except Exception:  # (a bug, before its write)
+            log.exception(
+                "%s: internal error answering at once: closing the connection", self._peer()
+            )
+            transport.close()
+            return AtOnce.ENDED
+        return self._answered_now(data, transport)
+
+    def _answered_now(self, data: bytes, transport: asyncio.Transport) -> AtOnce | None:
+        """:meth:`_answered_whole` past the answers kept: a hit needing no await, or a call
+        only forwarded; these need the session."""
+        state = self.session()
+        client = self.client
+        assert client is not None
+        before = client.answered
+        try:
+            done = self._looked_up(data, transport, state, client)
+        except ClientGone as exc:
+            log.debug("%s: connection ended: %s", state.peer, exc)
+            self.close()
+            return AtOnce.ENDED
+        except Exception:
+            if client.answered != before:  # (after its reply: the connection goes on)
+                log.exception("%s: internal error after answering at once", state.peer)
+                state.calls += 1
+                return AtOnce.ANSWERED
+            # Before it, the call may have gone nowhere, or to the metastore already (a call
+            # only forwarded): closed, as a lost connection is, rather than left waiting for
+            # a reply that may never come, or the call sent twice.
+            log.exception(
+                "%s: internal error answering at once: closing the connection", state.peer
+            )
+            self.close()
+            return AtOnce.ENDED
+        if done is AtOnce.ANSWERED:
+            state.calls += 1
+        return done
+
+    def _looked_up(
+        self,
+        data: bytes,
+        transport: asyncio.Transport,
+        state: SessionState,
+        client: ClientConnection,
+    ) -> AtOnce | None:
+        handler = self.handler
+        known_calls = handler.known
+        write = client.write_at_once
+        if known_calls is None:  # nothing is a hit: a call only forwarded may go at once
+            return self._forward_now(data, None)
+        # A call made before, on any connection, byte for byte but for the seqid, is known
+        # without finding its end or decoding it, and answered again as it was, if it still
+        # may be (see proxy.handler.known_calls).
+        repeat = call_without_seqid(data, client.transport)
+        hit: Item | bool | None = False
+        message: Message | None = None
+        known = None
+        if repeat is not None:
+            known = known_calls.get(state, repeat[0])
+            if known is not None:
+                again = known.again
+                if again is not None and again is not self.again and again.answer(data, transport):
+                    self.again_with(again)
+                    return AtOnce.ANSWERED
+                hit = handler.serve_known_now(known, repeat[1], write)
+        if hit is False:  # not known by its bytes (None: known, and not answered at once)
+            message = whole_message(data, client.transport, self.options.max_request_bytes)
+            if message is None:
+                return None
+            bytes_known = repeat[0] if repeat is not None else None
+            hit = handler.serve_hit_now(state, message, write, bytes_known)
+            if bytes_known is not None and isinstance(hit, Item):
+                known = known_calls.get(state, bytes_known)  # (kept with its plan)
+        if isinstance(hit, Item):
+            again = known.again if known is not None else None
+            if known is not None and (again is None or not again.answers_from(hit)):
+                # (once per hit judged, not per call: ~5 us; git log -p docs/benchmarks.md)
+                again = handler.again(hit, data, client.transport)
+                if again is not None:
+                    known_calls.answer_with(known, again)
+            self.again_with(again)
+            return AtOnce.ANSWERED
+        self.again_with(None)
+        if hit is True:  # assembled from partitions, nothing to keep
+            return AtOnce.ANSWERED
+        return self._forward_now(data, message)  # not a hit: only forwarded, maybe
+
+    def _forward_now(self, data: bytes, message: Message | None) -> AtOnce | None:
+        """Send a call only forwarded to the metastore at once (see proxy.handler.flight);
+        ``message``: what ``data`` holds, if it was found already."""
+        state, client = self.state, self.client
+        assert state is not None and client is not None
+        if message is None:
+            message = whole_message(data, client.transport, self.options.max_request_bytes)
+            if message is None:
+                return None
+        handover = functools.partial(self._hand_over, message)
+        flight = self.handler.forward_now(
+            state, message, client.write_at_once, handover, self._landed
+        )
+        if flight is None:
+            return None
+        self.flight = flight
+        return AtOnce.FLYING
+
+    def _hand_over(self, message: Message, sent: Sent) -> None:
+        """The call in flight is finished the ordinary way, in a task of its own."""
+        self.flight = None
+        self.task = self.loop.create_task(self._call(message, sent))
+        self.task.add_done_callback(self._task_done)
+
+    def _landed(self, gone: bool = False) -> None:
+        """The call in flight was answered (``gone``: or its client found gone)."""
+        self.flight = None
+        if self.state is not None and not gone:
+            self.state.calls += 1
+        self._after(gone)
+
+    # -- the session -----------------------------------------------------------------------
+
+    def session(self) -> SessionState:
+        """Who the client is and its writer, made when first needed."""
+        state = self.state
+        if state is None:
+            transport = self.transport
+            assert transport is not None
+            state = self.state = SessionState(peer=PeerName(transport))
+            self.writer = ProtocolWriter(transport, self.loop)
+            if self._paused_writing:
+                self.writer.pause()
+            self.client = ClientConnection(self.writer, self.options.client_transport, transport)
+        return state
+
+    def again_with(self, again: Again | None) -> None:
+        """Answer calls again with ``again`` from now on (see :func:`.again.replaced`)."""
+        before, self.again = self.again, again
+        replaced(before, again)
+
+    @property
+    def busy(self) -> bool:
+        """A call is being answered (by a task, or in flight)."""
+        return self.task is not None or self.flight is not None
+
+    def _peer(self) -> object:
+        return self.state.peer if self.state is not None else PeerName(self.transport)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def ending(self) -> asyncio.Future[None]:
+        """Done when the connection has ended."""
+        if self._ending is None:
+            self._ending = self.loop.create_future()
+            if self.over:
+                self._ending.set_result(None)
+        return self._ending
+
+    def end(self) -> None:
+        """The connection's end (once): its session's, what answered it again counted."""
+        if self.over:
+            return
+        self.over = True
+        try:
+            flight, self.flight = self.flight, None
+            if flight is not None:  # (a stop gave up on it)
+                flight.abandon()
+            if self.state is not None:
+                self.handler.end_session(self.state)
+        finally:  # (a bug above must not leave it counted, nor a stop waiting for it)
+            self.again_with(None)
+            self.close()
+            self.server.ended(self)
+            if self._ending is not None and not self._ending.done():
+                self._ending.set_result(None)
