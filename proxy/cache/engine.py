@@ -139,12 +139,17 @@ class CacheEngine:
     def plan_read(
         self, spec: MethodSpec, message: Message, identity: bytes | None
     ) -> ReadPlan | None:
-        """The plan for a read (``None``: not one to cache, or not readable). Made each time:
-        the request path keeps what it made with the call (proxy.handler.known_calls)."""
+        """:meth:`plan`, ``None`` for arguments that do not decode."""
         try:
-            args = idl.decode_args(spec.name, message.body)
+            return self.plan(spec, message, identity)
         except ProtocolError:
             return None
+
+    def plan(self, spec: MethodSpec, message: Message, identity: bytes | None) -> ReadPlan | None:
+        """The plan for a read (``None``: not one to cache); raises ProtocolError for
+        arguments that do not decode. Made each time: the request path keeps what it made
+        with the call (proxy.handler.known_calls)."""
+        args = idl.decode_args(spec.name, message.body)
         plan = self.planner.read(spec, args, message.body, identity)
         if plan is not None and plan.partitions is not None:
             self.partitions.variants.learn(

@@ -179,6 +179,11 @@ class L1:
         self.bytes += size
         self._evict()
 
+    def fit(self) -> None:
+        """Keep within the budget again (after scopes were made for items judged)."""
+        if self.bytes + self.scopes.bytes > self.max_bytes:
+            self._evict()
+
     def touch(self, key: str) -> None:
         """A hit on ``key`` answered without :meth:`item`: kept in LRU order."""
         if key in self._items:

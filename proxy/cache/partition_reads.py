@@ -191,7 +191,10 @@ class PartitionReads:
         if known is None:
             return None
         variant, names = known
-        mark = self.store.standing.scopes.of((variant.versions,)).mark
+        scope = self.store.standing.scopes.held((variant.versions,))
+        if scope is None:  # (no partition of the table is judged under anything)
+            return None
+        mark = scope.mark
         now, wall = time.monotonic(), time.time()
         framing = (encode_header(method, MessageType.REPLY, seqid), *parts.result_framing(method))
         # The items the names had last time, judged and joined in one step (C); the names
@@ -253,8 +256,9 @@ class PartitionReads:
         key = self.naming.versions(pp.tag)
         # Read before the versions: a partition judged current is so at this mark of its
         # table's scope at least (a change since moves it), which the assembled path reads
-        # (.assembled).
-        stamp = self._stamp(key)
+        # (.assembled). Judged from the table's hash alone (judge_partition); were the plan
+        # to read others, nothing would be stamped, and each request would be judged.
+        stamp = self._stamp(key) if len(pp.wanted_fields) == 1 else None
         wanted = pp.wanted_fields
         entry_keys = pp.entry_keys
         l1 = self.l1
@@ -336,6 +340,8 @@ class PartitionReads:
         if not self.store.in_process():
             return None
         scope = self.store.standing.scopes.of((key,))
+        if self.l1 is not None:
+            self.l1.fit()  # (the scope may be new: its bytes count)
         return scope.mark, scope
 
     def _keep(

@@ -263,6 +263,7 @@ class WholeReads:
             # (checked by L1.item and stands). (The entry's key is a digest of the request,
             # from which the planner, fixed at start, makes the refs.)
             item.stamp(mark, scope)
+            l1.fit()  # (the scope may be new: its bytes count)
             # How its hits are counted, as judged now (a plan of partitions answered whole
             # while assembly is off is counted as the whole read it then is).
             seen_hit = negative_seen_as_hit or verdict.result is Result.HIT

@@ -89,6 +89,12 @@ class Scopes:
                     self._wider.setdefault(key, []).append(ref)
         return scope
 
+    def held(self, keys: tuple[str, ...]) -> Scope | None:
+        """The scope of ``keys`` if something holds it (nothing was judged under one that
+        nobody holds)."""
+        ref = self._of.get(keys)
+        return ref() if ref is not None else None
+
     def _gone(self, ref: weakref.ref[Scope]) -> None:
         assert isinstance(ref, _Ref)
         keys = ref.keys

@@ -287,7 +287,7 @@ class CallHandler:
         a pinned session's."""
         cache, known = self.cache, self.known
         assert cache is not None and known is not None  # (one with the other)
-        make = functools.partial(cache.plan_read, spec, message, session.cache_identity)
+        make = functools.partial(cache.plan, spec, message, session.cache_identity)
         return known.plan(session, message, make, repeat)
 
     def serve_known_now(

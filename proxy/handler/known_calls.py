@@ -34,13 +34,17 @@ from dataclasses import dataclass
 from proxy.cache.plan import ReadPlan
 from proxy.handler.again import Again
 from proxy.handler.session import SessionState
+from proxy.wire.errors import ProtocolError
 from proxy.wire.framing import Message, Transport, call_without_seqid
 
 # Calls kept, and their bytes as counted (see KnownCall.cost): an engine's working set of
 # distinct calls (every table's get_table, every batch of partition names) and the plans of
 # many partitions each.
-KNOWN_CALLS = 24_576
+KNOWN_CALLS = 24_096
 KNOWN_CALL_BYTES = 44 << 20
+# One call's share at most (a plan of tens of thousands of partition names is megabytes):
+# kept, it would push every other call out (its plan is made for it again each time).
+KNOWN_CALL_LARGEST = KNOWN_CALL_BYTES // 16
 # What a call too big to be known by its bytes is known by starts with this (a call's own
 # bytes start with 0x80, the strict protocol's version).
 DIGESTED = b"\x00"
@@ -95,7 +99,9 @@ class KnownCalls:
     ) -> ReadPlan | None:
         """The plan of the call ``message`` holds, as kept for ``session``, or made now by
         ``make`` and kept (``repeat``: its bytes but for the seqid, if already known). A
-        pinned session's calls are not cached: none is kept for them."""
+        pinned session's calls are not cached: none is kept for them. Nor is a call whose
+        arguments do not decode (``make`` raises ProtocolError: garbage is rarely asked
+        again, and would push out what is), nor one past :data:`KNOWN_CALL_LARGEST`."""
         if session.pinned is not None:
             return None
         key = self._key(session, repeat if repeat is not None else call_key(message))
@@ -103,9 +109,14 @@ class KnownCalls:
         if call is not None:
             call.asked = True
             return call.plan
-        plan = make()
+        try:
+            plan = make()
+        except ProtocolError:
+            return None
         size = plan.approx_size() if plan is not None else 0
         cost = len(key[1]) + len(key[0] or b"") + size + KNOWN_OVERHEAD
+        if cost > KNOWN_CALL_LARGEST:
+            return plan
         self._make_room(cost, entries=1)
         self._kept[key] = KnownCall(key, plan, cost)
         self.bytes += cost

@@ -1,5 +1,5 @@
 """get_partitions_by_names answered at once, unplanned, from partitions judged current
-under the generation that stands (proxy.cache.assembled): the metastore's bytes, and never
+under their table's scope as it stands (proxy.cache.assembled): the metastore's bytes, and never
 once anything a partition depends on changed. In process, against the scripted metastore."""
 
 from __future__ import annotations
@@ -402,7 +402,7 @@ class HeldStore(MemoryStore):
 
 
 def test_a_partition_judged_on_versions_read_before_a_change_is_not_assembled_after_it() -> None:
-    # Its stamp is the generation read before its versions: the change, heard while the
+    # Its stamp is its table's mark read before its versions: the change, heard while the
     # look-up was on its way, has moved it (stamped after, the old bytes would be served).
     async def run() -> None:
         store = HeldStore()
@@ -431,7 +431,7 @@ def test_a_partition_judged_on_versions_read_before_a_change_is_not_assembled_af
 
 
 def test_partitions_just_fetched_are_assembled_at_once_for_the_next_request() -> None:
-    # A fill is current under the generation read before its versions (the same rule as
+    # A fill is current at the table's mark read before its versions (the same rule as
     # a fill's fingerprint): the next request of those partitions needs no judging first.
     async def run() -> None:
         async with rig() as r:
@@ -450,7 +450,7 @@ def test_partitions_just_fetched_are_assembled_at_once_for_the_next_request() ->
 class Unlearned(MemoryStore):
     """The embedded store, as a shared store is for a hash its copy in process does not
     follow (the mirror refused to learn it: a cluster slot no stream of ours hears): every
-    look-up a round trip, and another proxy's write moving no generation here."""
+    look-up a round trip, and another proxy's write moving no scope here."""
 
     def __init__(self) -> None:
         super().__init__(1 << 24)
@@ -464,8 +464,8 @@ class Unlearned(MemoryStore):
 
 
 def test_partitions_judged_on_versions_not_kept_in_process_are_not_assembled() -> None:
-    # A stamp says "current while the generation stands": only true of versions whose every
-    # change moves the generation, those kept in process.
+    # A stamp says "current while the scope stands": only true of versions whose every
+    # change moves the scope, those kept in process.
     async def run() -> None:
         store = Unlearned()
         async with rig(store=store) as r:

@@ -19,7 +19,7 @@ from proxy.cache.l1 import L1
 from proxy.cache.scopes import SCOPE_BYTES, Scopes
 from proxy.cache.store import MemoryStore
 from proxy.handler import SessionState
-from proxy.handler.known_calls import KNOWN_CALL_BYTES, KnownCalls
+from proxy.handler.known_calls import KNOWN_CALL_BYTES, KNOWN_CALL_LARGEST, KnownCalls
 from proxy.memo import ITEM_OVERHEAD, BoundedMemo
 from proxy.upstream import Identity, UpstreamPool
 from proxy.upstream.pool import MAX_POOLED_IDENTITY, UGI_REPLY_BYTES
@@ -61,7 +61,7 @@ def planned(e: Any, known: KnownCalls, method: str, body: bytes) -> Any:
     spec = catalog.lookup(method)
     assert spec is not None
     request = message(method, body)
-    return known.plan(SessionState("s"), request, lambda: e.plan_read(spec, request, None))
+    return known.plan(SessionState("s"), request, lambda: e.plan(spec, request, None))
 
 
 def test_plans_of_distinct_padded_requests_stay_within_the_known_calls_budget() -> None:
@@ -75,12 +75,25 @@ def test_plans_of_distinct_padded_requests_stay_within_the_known_calls_budget() 
     assert known.bytes <= KNOWN_CALL_BYTES
 
 
-def test_requests_that_fail_to_decode_are_known_within_the_budget() -> None:
+def test_requests_that_fail_to_decode_are_not_kept() -> None:
     e, known = engine(), KnownCalls(per_user=False)
     for i in range(1_000):  # a string whose length runs past the end of the request
         bad = struct.pack(">bhi", 11, 1, 1_000 + i) + b"short\x00"
         assert planned(e, known, "get_table", bad) is None
-    assert known.footprint()[0] == 1_000 and known.bytes < 1_000 * 500
+    assert known.footprint() == (0, 0)
+
+
+def test_one_call_never_takes_more_than_its_share_of_the_known_calls() -> None:
+    e, known = engine(), KnownCalls(per_user=False)
+    for i in range(100):
+        assert planned(e, known, "get_table", padded_get_table(i, 10)) is not None
+    names = [f"ds=2024-01-01/hour={j:05d}" for j in range(20_000)]
+    body = idl.encode(
+        idl.args_class("get_partitions_by_names")(db_name="db", tbl_name="t", names=names)
+    )
+    plan = planned(e, known, "get_partitions_by_names", body)
+    assert plan is not None and plan.approx_size() > KNOWN_CALL_LARGEST  # planned, not kept
+    assert known.footprint()[0] == 100 and known.bytes < KNOWN_CALL_LARGEST
 
 
 def test_many_plans_of_many_partitions_stop_at_the_budget() -> None:

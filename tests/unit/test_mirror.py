@@ -217,7 +217,7 @@ def test_a_scope_moves_with_anything_a_hit_judged_under_it_read() -> None:
         1, max_bytes=HASH_OVERHEAD + 2 * FIELD_OVERHEAD + 200, max_lag=1.0, fence_suffix=":f"
     )
     m.subscribed(0)
-    scope, other = m.standing.scopes.of((V,)), m.standing.scopes.of((V + "x",))
+    scope, other = m.standing.scopes.of((V,)), m.standing.scopes.of((W,))
     seen = [scope.mark]
 
     def moved() -> bool:
@@ -236,11 +236,19 @@ def test_a_scope_moves_with_anything_a_hit_judged_under_it_read() -> None:
     m.invalidated([(V + ":f").encode()], 10.2)  # a fence on it
     assert moved()
     before = other.mark
-    m.invalidated([(V + "y").encode()], 10.3)  # another hash
-    assert not moved() and other.mark == before
+    m.invalidated([W.encode()], 10.3)  # another hash
+    assert not moved() and other.mark != before
+    before = other.mark
     m.learn(m.ticket(), V, {"table": b"6"})
     assert not moved()  # (dropped above: new again)
-    m.learn(m.ticket(), V + "z", {"table": b"1", "x": b"y" * 150})
+    m.forget([V])  # this proxy changed it
+    assert moved() and other.mark == before
+    m.learn(m.ticket(), V, {"table": b"7"})
+    m.learn(m.ticket(), W, {"table": b"1", "x": b"y" * 150})
     assert moved() and len(m) == 1  # crowded out of the mirror's bytes
-    m.lost(0)  # everything forgotten
+    before = other.mark
+    m.invalidated(None, 10.4)  # the database flushed: everything forgotten
+    assert moved() and other.mark != before
+    before = other.mark
+    m.lost(0)  # a stream lost: everything forgotten
     assert moved() and other.mark != before

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import Awaitable, Callable
 
 from proxy import idl
+from proxy.cache.keys import Bump
 from proxy.cache.scopes import Scopes
+from proxy.cache.store import MemoryStore
 from proxy.handler import SessionState
 from tests.unit.helpers import DAYS, DB, Asked, T, Written, answered_now, by_names, get_table
 from tests.unit.inprocess import rig
@@ -47,6 +50,29 @@ def test_a_scope_nothing_holds_is_forgotten_and_made_again_with_a_new_mark() -> 
     scopes.moved("t")  # (nothing reads it now)
     again = scopes.of(["t"])
     assert again.mark != old and len(scopes) == 1
+
+
+def test_the_embedded_store_moves_the_scopes_of_what_it_changes() -> None:
+    async def run() -> None:
+        store = MemoryStore(max_bytes=1 << 20, max_version_hashes=3)
+        scopes = store.standing.scopes
+        t, u = scopes.of(["t"]), scopes.of(["u"])
+        steps: list[tuple[str, Callable[[], Awaitable[object]], tuple[bool, bool]]] = [
+            ("an epoch made", lambda: store.ensure_epochs(["t"]), (True, False)),
+            ("an epoch already there", lambda: store.ensure_epochs(["t"]), (False, False)),
+            ("a bump", lambda: store.bump([Bump("u", "table", "table")]), (False, True)),
+            ("a lock marked", lambda: store.mark([("t", "lock:1")], 1e12), (True, False)),
+            ("a lock lifted", lambda: store.unmark([("t", "lock:1")]), (True, False)),
+            # "t" is the oldest of the 3 hashes kept: a new one pushes it out.
+            ("an eviction", lambda: store.ensure_epochs(["a", "b"]), (True, False)),
+            ("a flush", lambda: store.flush(), (True, True)),
+        ]
+        for what, step, expected in steps:
+            before = t.mark, u.mark
+            await step()
+            assert (t.mark != before[0], u.mark != before[1]) == expected, what
+
+    asyncio.run(run())
 
 
 def test_a_write_to_one_table_leaves_the_other_tables_hits_standing() -> None:

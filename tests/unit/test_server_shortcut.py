@@ -290,7 +290,7 @@ def test_no_answer_at_once_on_a_pinned_connection_or_with_invalidations_pending(
 
 
 def test_a_hit_judged_once_is_judged_again_after_any_change_to_what_it_depends_on() -> None:
-    # Repeated hits reuse their judgement while the store's version generation stands (see
+    # Repeated hits reuse their judgement while the scope of the versions they read stands (see
     # WholeReads.judged_now); each change below must end that, or a stale reply is served.
     async def run() -> None:
         store = MemoryStore(1 << 24, max_version_hashes=2)

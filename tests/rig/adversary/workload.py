@@ -67,6 +67,9 @@ class Adversary:
         # Bursts and Redis's refusals take turns, so that a stale read tells which it was.
         self.turn = threading.Lock()
         self.errors: list[str] = []  # the rig's own failures: reported, never hidden
+        # Ways no write has gone yet: the writers try each once first, so that every way is
+        # exercised whatever the draws (a run once sent none of ~40 writes through one proxy).
+        self.unwritten = {*self.proxies, HMS}
         rngs = random.Random(seed)
         jobs: list[tuple[str, Callable[[random.Random], None]]] = [
             *((f"reader-{i}", self._reader) for i in range(readers)),
@@ -227,8 +230,13 @@ class Adversary:
                 if not self.locks[name].acquire(timeout=0.2):
                     continue
                 try:
-                    weights = [2] * len(self.proxies) + [3]
-                    (route,) = rng.choices([*self.proxies, HMS], weights=weights)
+                    untried = sorted(self.unwritten)
+                    if untried:
+                        route = rng.choice(untried)
+                    else:
+                        weights = [2] * len(self.proxies) + [3]
+                        (route,) = rng.choices([*self.proxies, HMS], weights=weights)
+                    self.unwritten.discard(route)
                     planned = self._plan(rng, name, clients.get(HMS), odd=rng.random() < 0.4)
                     self._send(planned, route, clients)
                 finally:
