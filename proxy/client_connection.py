@@ -18,14 +18,13 @@ _UVLOOP_TCP: dict[type, bool] = {}  # whether a transport's type is uvloop's TCP
 class ClientConnection:
     """The client side of a session: framing-aware writes with backpressure.
 
-    ``writer``: the session's stream (a SASL session's wraps what it writes); ``None``
-    while the session has none (see proxy.protocols): then only :meth:`write_at_once`
-    writes, to ``plain``, the connection's own transport, until :meth:`streams` is
-    called."""
+    ``writer``: what a call's task writes through (proxy.conn.writer's, or a SASL session's,
+    which wraps what it writes); ``plain``: the connection's own transport, when nothing
+    wraps its bytes (replies answered at once are written straight to it)."""
 
     def __init__(
         self,
-        writer: ByteWriter | None,
+        writer: ByteWriter,
         transport: Transport,
         plain: asyncio.WriteTransport | None = None,
     ) -> None:
@@ -50,22 +49,14 @@ class ClientConnection:
         # Replies written at once: a bug after one is told from a bug before it.
         self.answered = 0
 
-    def streams(self, writer: asyncio.StreamWriter) -> None:
-        """The session's stream, from now on."""
-        self.writer = writer
-
-    def _stream(self) -> ByteWriter:
-        assert self.writer is not None  # (a session without one writes only at once)
-        return self.writer
-
     async def send(self, data: bytes) -> None:
         self._write(data)
-        await self._stream().drain()
+        await self.writer.drain()
 
     def _write(self, data: bytes | memoryview) -> None:
         """Write to the client, whose connection may be gone: then ConnectionResetError,
         the client gone (on either event loop, see :func:`proxy.loop.guarded_write`)."""
-        writer = self._stream()
+        writer = self.writer
         if writer.is_closing():
             raise ConnectionResetError("the client connection is closed")
         guarded_write(writer, data)
@@ -73,7 +64,7 @@ class ClientConnection:
     def write_at_once(self, message: bytes) -> None:
         """Write one whole message, framed as the client's transport needs, without waiting
         for it to drain: a reply answered at once, written only while nothing else waits to
-        be written (see :meth:`ClientSession.answer_now`). On a plain stream, straight to its
+        be written (see proxy.conn.protocol). On a plain connection, straight to its
         transport (what ``StreamWriter.write`` does, without its Python steps: they were a
         tenth of the reply's way to the client, from cold memory, git log -p docs/benchmarks.md)."""
         if self.framed:
@@ -92,7 +83,7 @@ class ClientConnection:
         """A message given as a head and a view of the rest, written without joining them
         and in slices, so a 100 MB cached reply is neither copied nor buffered whole (asyncio
         moves a transport's whole pending buffer on every partial send)."""
-        writer = self._stream()
+        writer = self.writer
         if self.transport is Transport.FRAMED:
             head = self.transport.prefix(len(head) + len(rest)) + head
         if len(rest) <= SMALL_MESSAGE:  # one write, one system call
