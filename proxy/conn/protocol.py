@@ -182,7 +182,8 @@ class ClientProtocol(asyncio.Protocol):
                 transport.write(self.options.client_transport.frame(reply))
             transport.close()
         else:
-            self.server.report(self._peer(), decision)
+            if not self.refusing:  # (one over the limit was counted when it came)
+                self.server.report(self._peer(), decision)
             transport.close()
 
     def tick(self, now: float) -> None:
