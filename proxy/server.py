@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 # A connection over the limit is told so at its first call, or closed after this long.
 REFUSAL_PATIENCE = 5.0
+REFUSAL_READ_BYTES = 64 * 1024
 
 
 class ThriftServer:
@@ -141,8 +142,14 @@ class ThriftServer:
         if limit and self.connections() + self._negotiating >= limit:
             conn.refusing = limit
             conn.at_once = False
-            conn.machine.message_timeout = min(REFUSAL_PATIENCE, conn.machine.message_timeout)
-            conn.machine.idle_timeout = REFUSAL_PATIENCE
+            # Its call's header is all it is read for, within a few seconds.
+            conn.machine = ClientMachine(
+                self.options.client_transport,
+                max_request_bytes=REFUSAL_READ_BYTES,
+                message_timeout=min(REFUSAL_PATIENCE, self.options.client_message_timeout),
+                idle_timeout=REFUSAL_PATIENCE,
+                now=asyncio.get_running_loop().time(),
+            )
             self._refusing.add(conn)
             self._count_refusal(limit)
             return

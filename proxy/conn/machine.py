@@ -171,10 +171,15 @@ class ClientMachine:
         return decision
 
     @property
+    def header(self) -> MessageHeader | None:
+        """The header of the call under way, once it could be read."""
+        return self._requests.header
+
+    @property
     def full(self) -> bool:
         """Whether the connection should stop reading for now: a call is being answered and
-        as much as one request may be is kept already for after it (a client that
-        pipelines without end is not read into memory). Read again after
+        what is kept for after it reached a request's size, or 1 MiB if that is less (a
+        client that pipelines without end is not read into memory). Read again once
         :meth:`answered`."""
         return self.state is State.ANSWERING and self._requests.buffered >= self._keep_at_most
 

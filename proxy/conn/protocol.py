@@ -119,7 +119,9 @@ class ClientProtocol(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         decision = self.machine.ended(self.loop.time())
         if decision is None:
-            return True  # a call is being answered: its reply still goes out
+            # A call is being answered: its reply still goes out (TLS cannot half-close:
+            # the transport closes, and the call ends answered to nobody).
+            return self.transport is None or self.transport.get_extra_info("sslcontext") is None
         self._act(decision)
         return False
 
@@ -150,17 +152,22 @@ class ClientProtocol(asyncio.Protocol):
     def _act(self, decision: Decision | None) -> None:
         transport = self.transport
         assert transport is not None
-        if decision is None:
-            if self.machine.full and self.reading:
-                self.reading = False
+        machine = self.machine
+        if self.reading == machine.full and not self.lost:  # (what is kept bounds reading)
+            self.reading = not machine.full
+            if self.reading:
+                transport.resume_reading()
+            else:
                 transport.pause_reading()
+        if decision is None:
+            if self.refusing and machine.header is not None:  # (its header is enough)
+                self.server.refused(self, machine.header)
+                self.end()
             return
-        if not self.reading and not self.machine.full and not self.lost:
-            self.reading = True
-            transport.resume_reading()
         if isinstance(decision, Call):
             if self.refusing:
                 self.server.refused(self, decision.message.header)
+                self.end()
                 return
             whole = decision.whole
             if whole is not None and self.at_once and not decision.tried:
@@ -175,16 +182,18 @@ class ClientProtocol(asyncio.Protocol):
         elif isinstance(decision, Refuse):
             if self.refusing:
                 self.server.refused(self, decision.header)
-                return
-            self.server.report(self._peer(), decision)
-            reply = decision.reply()
-            if reply is not None:
-                transport.write(self.options.client_transport.frame(reply))
-            transport.close()
+            else:
+                self.server.report(self._peer(), decision)
+                reply = decision.reply()
+                if reply is not None:
+                    transport.write(self.options.client_transport.frame(reply))
+            self.end()  # (closed: its reply goes out if the client reads it)
         else:
             if not self.refusing:  # (one over the limit was counted when it came)
                 self.server.report(self._peer(), decision)
-            transport.close()
+            if decision.reason in ("idle", "timeout"):
+                transport.abort()  # (nothing owed: a client reading nothing cannot hold it)
+            self.end()
 
     def tick(self, now: float) -> None:
         """The connection's clocks (the listener's sweep, see ThriftServer)."""
@@ -210,6 +219,9 @@ class ClientProtocol(asyncio.Protocol):
         except (ConnectionError, ClientGone) as exc:
             log.debug("%s: connection ended: %s", state.peer, exc)
             gone = True
+        except Exception:  # (a bug: nothing more of this connection is answered)
+            log.exception("%s: internal error serving the connection", state.peer)
+            gone = True
         finally:
             self.task = None
             self._after(gone)
@@ -223,18 +235,16 @@ class ClientProtocol(asyncio.Protocol):
             )
             if self.task is task:
                 self.task = None
-            self.close()
-            if self.lost:
-                self.end()
+            self.end()
 
     def _after(self, gone: bool) -> None:
-        """The call under way was answered (``gone``: or its client found gone): the next,
-        if the client sent one meanwhile, or the connection's end."""
-        if gone or self.server.stopping:
-            self.close()
-        if self.lost:
+        """The call under way was answered (``gone``: or its client found gone, or a bug
+        ended it): the next, if the client sent one meanwhile, or the connection's end."""
+        if gone or self.lost:
             self.end()
             return
+        if self.server.stopping:
+            self.close()
         if self.transport is not None and self.transport.is_closing():
             return  # (its end comes with connection_lost)
         self._act(self.machine.answered(self.loop.time()))
@@ -265,14 +275,15 @@ class ClientProtocol(asyncio.Protocol):
                     if again is not None and again.answer(data, transport):
                         self.again_with(again)
                         return AtOnce.ANSWERED
-        except ClientGone as exc:  # (its transport closed: the connection's end follows)
+        except ClientGone as exc:  # (its transport closed)
             log.debug("%s: connection ended: %s", self._peer(), exc)
+            self.end()
             return AtOnce.ENDED
         except Exception:  # (a bug, before its write)
             log.exception(
                 "%s: internal error answering at once: closing the connection", self._peer()
             )
-            transport.close()
+            self.end()
             return AtOnce.ENDED
         return self._answered_now(data, transport)
 
@@ -287,7 +298,7 @@ class ClientProtocol(asyncio.Protocol):
             done = self._looked_up(data, transport, state, client)
         except ClientGone as exc:
             log.debug("%s: connection ended: %s", state.peer, exc)
-            self.close()
+            self.end()
             return AtOnce.ENDED
         except Exception:
             if client.answered != before:  # (after its reply: the connection goes on)
@@ -300,7 +311,7 @@ class ClientProtocol(asyncio.Protocol):
             log.exception(
                 "%s: internal error answering at once: closing the connection", state.peer
             )
-            self.close()
+            self.end()
             return AtOnce.ENDED
         if done is AtOnce.ANSWERED:
             state.calls += 1
@@ -431,6 +442,7 @@ class ClientProtocol(asyncio.Protocol):
         if self.over:
             return
         self.over = True
+        self.machine.close()
         try:
             flight, self.flight = self.flight, None
             if flight is not None:  # (a stop gave up on it)

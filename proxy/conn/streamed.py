@@ -66,8 +66,9 @@ async def serve_streams(
             try:
                 async with asyncio.timeout(None if due is None else max(0.0, due - loop.time())):
                     data = await reader.read(READ_SIZE)
-            except TimeoutError:
-                decision = machine.tick(loop.time())
+            except TimeoutError:  # (the read may have stopped mid-frame: the end, whatever)
+                assert due is not None
+                decision = machine.tick(max(loop.time(), due))
             else:
                 now = loop.time()
                 decision = machine.received(data, now) if data else machine.ended(now)

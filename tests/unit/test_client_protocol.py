@@ -33,7 +33,7 @@ from tests.unit.helpers import (
     session_tasks,
 )
 from tests.unit.inprocess import Rig, rig
-from tests.unit.scripted_hms import result_of, until
+from tests.unit.scripted_hms import Slow, result_of, until
 
 
 def test_the_idle_timeout_closes_a_taskless_connection_silent_or_done_asking() -> None:
@@ -137,7 +137,7 @@ def test_a_stop_closes_connections_that_have_no_session_yet() -> None:
 
 def test_a_stop_closes_a_connection_over_the_limit_still_waiting_to_be_refused() -> None:
     """A plain connection over the limit waits (up to 5 s) for its first call, to be told
-    why it is refused: a stop closes it at once, and has ended its task when it returns."""
+    why it is refused: a stop closes it at once, not left to its own 5 s."""
 
     async def run() -> None:
         async with serving(max_client_connections=1, client_message_timeout=3600) as (
@@ -160,24 +160,96 @@ def test_a_stop_closes_a_connection_over_the_limit_still_waiting_to_be_refused()
     asyncio.run(run())
 
 
-def test_a_bug_in_a_sessions_task_is_logged_and_its_connection_closed(
+def test_a_bug_answering_a_call_in_its_task_ends_the_connection_and_nothing_after_it(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async def broken(self: Any, message: Any, sent: Any = None) -> None:
-        raise KeyError("a bug")
+    """A call that broke in its task is never followed by the calls the client pipelined
+    behind it: a write after it could reach the metastore with the client never told."""
+    from proxy.handler import CallHandler
+
+    handle = CallHandler.handle
+
+    async def broken(self: Any, session: Any, message: Any, *args: Any) -> Any:
+        if message.header.name == "get_table":
+            raise KeyError("a bug")
+        return await handle(self, session, message, *args)
 
     async def run() -> None:
-        async with serving() as (r, port, _server):
+        async with fed() as (r, _server, connection):
             r.hms.add_table(DB, T, v="1")
-            monkeypatch.setattr(ClientProtocol, "_call", broken)
-            client = await connect(r, port)
-            await client.send(get_table(1))  # a miss: the task starts, and breaks
-            assert await asyncio.wait_for(client.reader.read(), 30) == b""
+            monkeypatch.setattr(CallHandler, "handle", broken)
+            client = connection()
+            new = idl.module().Table(tableName=T, dbName=DB, parameters={"v": "2"})
+            write = idl.encode_call("alter_table", 2, dbname=DB, tbl_name=T, new_tbl=new)
+            client.feed(get_table(1) + write)  # a miss, and a write behind it
+            await until(lambda: client.transport.lost, "the connection's end")
             assert "internal error serving the connection" in caplog.text
+            assert client.replies() == [] and r.hms.calls["alter_table"] == 0
             await until(lambda: not r.sample("hmsproxy_client_connections"), "its end")
-            await client.close()
 
     asyncio.run(run())
+
+
+def test_a_request_pipelined_past_what_is_kept_is_read_once_its_turn_comes() -> None:
+    """Reading pauses while a call is answered and a request's worth (at most 1 MiB) is
+    kept behind it; it resumes when the call is answered, and the rest is read."""
+
+    async def run() -> None:
+        async with fed() as (r, _server, connection):
+            r.hms.add_table(DB, T, v="1")
+            slow = Slow()
+            r.hms.script("get_table", slow)
+            client = connection()
+            client.feed(get_table(1))  # a miss, held at the metastore
+            await until(lambda: r.hms.calls["get_table"] == 1, "the call at the metastore")
+            padded = _padded(get_table(2), 3 << 20)
+            for at in range(0, len(padded) - 1000, 1 << 16):  # behind it, as reads come
+                if client.transport.reading:
+                    client.feed(padded[at : at + (1 << 16)])
+                else:
+                    break
+            assert not client.transport.reading  # (paused: 1 MiB kept)
+            slow.gate.set()
+            await until(lambda: len(client.replies()) == 1, "the first reply")
+            assert client.transport.reading  # (resumed: its turn has come)
+            client.feed(padded[at:])
+            assert [seqid_of(reply) for reply in await client.replied(2)] == [1, 2]
+            await client.end()
+
+    asyncio.run(run())
+
+
+def test_a_connection_over_the_limit_is_answered_from_its_calls_header() -> None:
+    """Over the limit, a connection is read only for its first call's header (not a whole
+    request held in memory), and told why it is refused."""
+
+    async def run() -> None:
+        async with fed(max_client_connections=1) as (r, _server, connection):
+            r.hms.add_table(DB, T, v="1")
+            held = connection()
+            held.feed(get_table(1))
+            await held.replied(1)
+            over = connection()
+            big = _padded(get_table(2), 10 << 20)
+            over.feed(big[:4096])  # its header, and the start of 10 MB
+            await until(lambda: over.transport.lost, "its end")
+            (reply,) = over.replies()
+            refused = result_of(reply)
+            assert isinstance(refused, TApplicationException)
+            assert "too many client connections (limit 1)" in str(refused.message)
+            assert r.sample("hmsproxy_client_errors_total", reason="connection_limit") == 1
+            await held.end()
+
+    asyncio.run(run())
+
+
+def _padded(request: bytes, size: int) -> bytes:
+    """``request`` with a field the IDL does not know (id 99, a string) making it ``size``
+    bytes long: the metastore skips it."""
+    import struct
+
+    pad = size - len(request) - 7
+    return request[:-1] + struct.pack(">bhi", 11, 99, pad) + b"x" * pad + b"\x00"
 
 
 def test_a_pause_of_writing_before_the_session_holds_after_it() -> None:

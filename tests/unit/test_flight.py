@@ -73,8 +73,8 @@ A = TypeVar("A", bound=Action)
 async def in_flight(r: Rig, port: int, action: A, taskless: bool = False) -> tuple[Client, A]:
     """A client whose ``get_table`` (seqid 2) went out as it arrived and is at the
     metastore, which answers it as ``action`` says (its connection pooled by a first
-    call). ``taskless``: the first call was another connection's, so the client's session
-    has no task yet (see proxy.protocols); else its own, made in its task."""
+    call). ``taskless``: the first call was another connection's (the client has said
+    nothing before, and has no session); else its own."""
     r.hms.add_table(DB, T, v="1")
     if taskless:
         await call_once(r, port, status(1))
@@ -482,7 +482,7 @@ def test_a_stop_that_gives_up_on_a_call_in_flight_closes_its_connection(taskless
     async def run() -> None:
         async with serving(cache=False) as (r, port, server):
             client, slow = await held_in_flight(r, port, taskless)
-            if not taskless:  # (the session's task waits for the call in flight)
+            if not taskless:  # (kept behind the call in flight)
                 await client.send(status(3))
             await asyncio.sleep(0.01)
             await server.stop(0.1)  # the drain timeout passes first

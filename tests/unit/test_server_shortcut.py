@@ -185,10 +185,9 @@ def test_a_hit_on_a_connection_of_its_own_is_answered_with_no_task() -> None:
         async with fed() as (r, _server, connection):
             r.hms.add_table(DB, T, v="1")
 
-            async def ask(*pieces: bytes, tasks: int) -> list[bytes]:
+            async def ask(*pieces: bytes) -> list[bytes]:
                 """``pieces`` on a connection of its own, each as one read, with a turn of
-                the loop after each; its replies, with ``tasks`` sessions with a task while
-                it was open; then closed (Trino's way)."""
+                the loop after each; its replies; then closed (Trino's way)."""
                 client = connection()
                 for piece in pieces:
                     client.feed(piece)
@@ -201,10 +200,10 @@ def test_a_hit_on_a_connection_of_its_own_is_answered_with_no_task() -> None:
                 return replies
 
             # A miss: the ordinary way, in a task.
-            assert await ask(get_table(1), tasks=1) == [answer_of(r, 1)]
+            assert await ask(get_table(1)) == [answer_of(r, 1)]
             assert (r.hms.calls["get_table"], at_once(r)) == (1, 0)
             for seqid in (2, 3):  # Trino's way: one call per connection, with no task
-                assert await ask(get_table(seqid), tasks=0) == [answer_of(r, seqid)]
+                assert await ask(get_table(seqid)) == [answer_of(r, seqid)]
             assert (r.hms.calls["get_table"], at_once(r)) == (1, 2)
             # Then asked again on its connection: answered again, as ever, still no task.
             client = connection()
@@ -220,7 +219,7 @@ def test_a_hit_on_a_connection_of_its_own_is_answered_with_no_task() -> None:
             assert replies == [answer_of(r, 6), answer_of(r, 7)]
             assert at_once(r) == 4
             request = get_table(8)
-            assert await ask(request[:10], request[10:], tasks=1) == [answer_of(r, 8)]
+            assert await ask(request[:10], request[10:]) == [answer_of(r, 8)]
             assert at_once(r) == 4
             hits = r.sample("hmsproxy_cache_lookups_total", method="get_table", result="hit")
             assert hits == 7 and r.hms.calls["get_table"] == 1
