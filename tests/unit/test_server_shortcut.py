@@ -1,11 +1,10 @@
-"""The listener's shortcut for hits: a request that arrives whole while its session waits,
-and is a hit needing no await, is answered by the connection's protocol as it arrives (see
-proxy.protocols). Through the real protocol (the socket pairs of test_server.py enter a
-session past it): on a loopback port, or fed in the pieces a test chooses on a fake
-transport (tests.unit.fake_transport) where how a request arrives is the point. Which way a
-call took is told by what is observable: the hits answered with no task
-(``hmsproxy_cache_hits_at_once_total``), the calls that reached the metastore, the
-sessions with a task."""
+"""The listener's shortcut for hits: a request that arrives whole while its connection is
+idle, and is a hit needing no await, is answered by the connection's protocol as it arrives
+(see proxy.conn.protocol). On a loopback port, or fed in the pieces a test chooses on a
+fake transport (tests.unit.fake_transport) where how a request arrives is the point. Which
+way a call took is told by what is observable: the hits answered with no task
+(``hmsproxy_cache_hits_at_once_total``), the calls that reached the metastore, the calls
+waiting in a task."""
 
 from __future__ import annotations
 
@@ -215,7 +214,7 @@ def test_a_hit_on_a_connection_of_its_own_is_answered_with_no_task() -> None:
             await client.end()
             # Two requests sent together with the connection, or part of one: the ordinary
             # way, in order, in a task.
-            replies = await ask(get_table(6) + get_table(7), tasks=1)
+            replies = await ask(get_table(6) + get_table(7))
             assert replies == [answer_of(r, 6), answer_of(r, 7)]
             assert at_once(r) == 4
             request = get_table(8)
