@@ -199,8 +199,10 @@ class ThriftServer:
             log.warning("%s: %s", peer, decision.text)
 
     def ended(self, conn: ClientProtocol) -> None:
-        self._connections.discard(conn)
-        self._refusing.discard(conn)
+        if conn.refusing:
+            self._refusing.discard(conn)
+        else:
+            self._connections.discard(conn)
 
     def _stream_connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """A connection read through streams (SASL): served by a task of its own."""

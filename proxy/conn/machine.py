@@ -98,7 +98,25 @@ Decision = Call | Refuse | Close
 
 
 class ClientMachine:
-    """One client connection's state (see the module's docstring)."""
+    """One client connection's state (see the module's docstring). ``IDLE`` has nothing
+    buffered, ever: bytes that arrive make it ``RECEIVING`` (or are kept, ``ANSWERING``).
+    Made for every connection, Trino's one call each among them: small, and its reader
+    made only when a call must be scanned."""
+
+    __slots__ = (
+        "_deadline",
+        "_ended",
+        "_idle_since",
+        "_keep_at_most",
+        "_kept_whole",
+        "_max_request_bytes",
+        "_reader",
+        "calls",
+        "idle_timeout",
+        "message_timeout",
+        "state",
+        "transport",
+    )
 
     def __init__(
         self,
@@ -114,7 +132,8 @@ class ClientMachine:
         self.idle_timeout = idle_timeout or None
         self.state = State.IDLE
         self.calls = 0  # answered
-        self._requests = MessageReader(transport, max_request_bytes)
+        self._max_request_bytes = max_request_bytes
+        self._reader: MessageReader | None = None  # (made when first needed: _requests)
         self._keep_at_most = max(64 * 1024, min(max_request_bytes, 1 << 20))
         self._idle_since = now  # the last call answered (IDLE)
         self._deadline = 0.0  # when the call under way must be whole (RECEIVING)
@@ -126,14 +145,21 @@ class ClientMachine:
     # -- what arrives ----------------------------------------------------------------------
 
     @property
+    def _requests(self) -> MessageReader:
+        reader = self._reader
+        if reader is None:
+            reader = self._reader = MessageReader(self.transport, self._max_request_bytes)
+        return reader
+
+    @property
     def buffered(self) -> int:
         """Bytes received and not handed out yet (a call under way, or kept for later)."""
-        return self._requests.buffered
+        return self._reader.buffered if self._reader is not None else 0
 
     def whole_chunk_welcome(self) -> bool:
         """Whether bytes arriving now may be tried as one whole call before they are
-        scanned (:attr:`Call.whole`): the machine is idle with nothing buffered."""
-        return self.state is State.IDLE and not self._requests.buffered
+        scanned (:attr:`Call.whole`): the machine is ``IDLE`` (so nothing is buffered)."""
+        return self.state is State.IDLE
 
     def answered_whole(self, now: float) -> None:
         """A chunk offered whole (:meth:`whole_chunk_welcome`) was one call, answered at
@@ -154,7 +180,7 @@ class ClientMachine:
         needed, or a call is being answered and ``data`` waits for it)."""
         if self.state is State.CLOSED or not data:
             return None
-        alone = self.whole_chunk_welcome()
+        alone = self.state is State.IDLE
         requests = self._requests
         if alone:
             self._deadline = now + self.message_timeout  # (the call's first byte)
@@ -173,7 +199,7 @@ class ClientMachine:
     @property
     def header(self) -> MessageHeader | None:
         """The header of the call under way, once it could be read."""
-        return self._requests.header
+        return self._reader.header if self._reader is not None else None
 
     @property
     def full(self) -> bool:
@@ -181,7 +207,7 @@ class ClientMachine:
         what is kept for after it reached a request's size, or 1 MiB if that is less (a
         client that pipelines without end is not read into memory). Read again once
         :meth:`answered`."""
-        return self.state is State.ANSWERING and self._requests.buffered >= self._keep_at_most
+        return self.state is State.ANSWERING and self.buffered >= self._keep_at_most
 
     def ended(self, now: float) -> Close | None:
         """The client ended its side: close now, unless a call is being answered (then at
@@ -193,11 +219,10 @@ class ClientMachine:
 
     def _end_of_input(self) -> Close:
         self.state = State.CLOSED
-        if self._requests.buffered:
+        if self.buffered:
             return Close(
                 "ended_mid_call",
-                "connection closed in the middle of a request "
-                f"({self._requests.buffered} bytes received)",
+                f"connection closed in the middle of a request ({self.buffered} bytes received)",
             )
         return Close("ended")
 
@@ -212,13 +237,13 @@ class ClientMachine:
         self._idle_since = now
         self.state = State.IDLE
         kept, self._kept_whole = self._kept_whole, None
-        if self._requests.buffered:
+        if self.buffered:
             # (What came meanwhile is the start of the next call: its clock starts now, as
             # it would have had the call been answered before it was sent.)
             self.state = State.RECEIVING
             self._deadline = now + self.message_timeout
             decision = self._next()
-            if isinstance(decision, Call) and kept is not None and not self._requests.buffered:
+            if isinstance(decision, Call) and kept is not None and not self.buffered:
                 return Call(decision.message, kept)  # (it came alone: the chunk was it)
             if decision is not None or not self._ended:
                 return decision
@@ -251,7 +276,7 @@ class ClientMachine:
             return Close(
                 "timeout",
                 f"request incomplete after {self.message_timeout:g} s "
-                f"({self._requests.buffered} bytes received)",
+                f"({self.buffered} bytes received)",
             )
         self.state = State.CLOSED
         return Close("idle", f"idle for {self.idle_timeout:g} s")

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, cast
 
 from proxy.cache.l1 import Item
 from proxy.client_connection import ClientConnection
-from proxy.conn.machine import Call, ClientMachine, Decision, Refuse
+from proxy.conn.machine import Call, ClientMachine, Decision, Refuse, State
 from proxy.conn.writer import ProtocolWriter
 from proxy.handler import ClientGone, SessionState
 from proxy.handler.again import Again, replaced
@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from proxy.server import ThriftServer
 
 log = logging.getLogger("proxy.server")  # (its lines are the listener's)
+
+IDLE = State.IDLE
 
 
 class AtOnce(Enum):
@@ -56,6 +58,29 @@ class ClientProtocol(asyncio.Protocol):
     """One client connection (see the module's docstring). ``at_once``: whether calls may
     be answered from the callback (``--fast-paths``); ``refusing``: the connection limit it
     came over (its first call is told so, then it is closed)."""
+
+    # (Made for every connection, Trino's one call each among them: slots.)
+    __slots__ = (
+        "_ending",
+        "_paused_writing",
+        "again",
+        "at_once",
+        "client",
+        "flight",
+        "handler",
+        "loop",
+        "lost",
+        "machine",
+        "options",
+        "over",
+        "reading",
+        "refusing",
+        "server",
+        "state",
+        "task",
+        "transport",
+        "writer",
+    )
 
     def __init__(
         self,
@@ -81,6 +106,7 @@ class ClientProtocol(asyncio.Protocol):
         self.flight: Flight | None = None  # a call forwarded as it arrived, not answered yet
         self.task: asyncio.Task[None] | None = None  # a call that had to wait
         self.reading = True
+        self._paused_writing = False
         self.lost = False
         self.over = False
         self._ending: asyncio.Future[None] | None = None
@@ -103,7 +129,7 @@ class ClientProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         machine = self.machine
         tried = False
-        if self.at_once and machine.whole_chunk_welcome():
+        if self.at_once and machine.state is IDLE:  # (whole_chunk_welcome, its test inline)
             done = self._answered_whole(data)
             if done is AtOnce.ANSWERED:
                 machine.answered_whole(self.loop.time())
@@ -134,8 +160,6 @@ class ClientProtocol(asyncio.Protocol):
         self._paused_writing = False
         if self.writer is not None:
             self.writer.resume()
-
-    _paused_writing = False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -256,11 +280,11 @@ class ClientProtocol(asyncio.Protocol):
         be (see the module's docstring); ``None``: nothing was done with it."""
         transport = self.transport
         assert transport is not None
-        if self.server.stopping or transport.get_write_buffer_size() or transport.is_closing():
+        if self.server.stopping:
             return None
         try:
             # The call it answered last, asked again (compared in place), first: an engine's
-            # kept connection repeats its calls.
+            # kept connection repeats its calls. (Again.answer checks the transport.)
             again = self.again
             if again is not None and again.answer(data, transport):
                 if self.state is not None:
@@ -289,7 +313,10 @@ class ClientProtocol(asyncio.Protocol):
 
     def _answered_now(self, data: bytes, transport: asyncio.Transport) -> AtOnce | None:
         """:meth:`_answered_whole` past the answers kept: a hit needing no await, or a call
-        only forwarded; these need the session."""
+        only forwarded; these need the session. Only while nothing waits to be written (a
+        task's writes, with their backpressure, keep the order and bound memory)."""
+        if transport.get_write_buffer_size() or transport.is_closing():
+            return None
         state = self.session()
         client = self.client
         assert client is not None
@@ -450,8 +477,10 @@ class ClientProtocol(asyncio.Protocol):
             if self.state is not None:
                 self.handler.end_session(self.state)
         finally:  # (a bug above must not leave it counted, nor a stop waiting for it)
-            self.again_with(None)
-            self.close()
+            if self.again is not None:
+                self.again_with(None)
+            if not self.lost:
+                self.close()
             self.server.ended(self)
             if self._ending is not None and not self._ending.done():
                 self._ending.set_result(None)
