@@ -10,7 +10,7 @@ import logging
 
 from proxy.client_connection import WRITE_SLICE
 from proxy.config import Options
-from proxy.conn.machine import ClientMachine, Close, Refuse
+from proxy.conn.machine import ClientMachine, Close, Limits, Refuse
 from proxy.conn.protocol import ClientProtocol
 from proxy.conn.streamed import READ_SIZE, Streamed, StreamSession, serve_streams
 from proxy.handler import CallHandler, SessionState
@@ -43,6 +43,22 @@ class ThriftServer:
         self.handler = handler
         self.metrics = metrics
         self.acceptor = acceptor  # SASL (--client-auth kerberos): who each engine is
+        self.framing = options.client_transport
+        self._at_once = options.fast_paths != "off"
+        # What every connection is held to; one over the limit, to less (its call's header
+        # is all it is read for, within a few seconds).
+        self.limits = Limits.of(
+            options.client_transport,
+            max_request_bytes=options.max_request_bytes,
+            message_timeout=options.client_message_timeout,
+            idle_timeout=options.client_idle_timeout,
+        )
+        self.refusal_limits = Limits.of(
+            options.client_transport,
+            max_request_bytes=REFUSAL_READ_BYTES,
+            message_timeout=min(REFUSAL_PATIENCE, options.client_message_timeout),
+            idle_timeout=REFUSAL_PATIENCE,
+        )
         self._server: asyncio.Server | None = None
         # Connections served by their protocol (proxy.conn.protocol), and those over the
         # limit waiting to be told so.
@@ -98,7 +114,7 @@ class ThriftServer:
     def protocol(self, loop: asyncio.AbstractEventLoop) -> ClientProtocol:
         """The protocol of a plain connection (``--fast-paths off``: nothing is answered
         from its callbacks, every call waits in a task)."""
-        return ClientProtocol(self, loop, at_once=self.options.fast_paths != "off")
+        return ClientProtocol(self, loop, self._at_once)
 
     def _sweep(self) -> None:
         """The clocks of the connections served by their protocol (see
@@ -143,13 +159,7 @@ class ThriftServer:
             conn.refusing = limit
             conn.at_once = False
             # Its call's header is all it is read for, within a few seconds.
-            conn.machine = ClientMachine(
-                self.options.client_transport,
-                max_request_bytes=REFUSAL_READ_BYTES,
-                message_timeout=min(REFUSAL_PATIENCE, self.options.client_message_timeout),
-                idle_timeout=REFUSAL_PATIENCE,
-                now=asyncio.get_running_loop().time(),
-            )
+            conn.machine = ClientMachine(self.refusal_limits, asyncio.get_running_loop().time())
             self._refusing.add(conn)
             self._count_refusal(limit)
             return
@@ -258,14 +268,7 @@ class ThriftServer:
                 end_user=self.options.upstream_identity == "end-user",
                 upstream_sasl=self.options.upstream_auth == "kerberos",
             )
-        options = self.options
-        machine = ClientMachine(
-            options.client_transport,
-            max_request_bytes=options.max_request_bytes,
-            message_timeout=options.client_message_timeout,
-            idle_timeout=options.client_idle_timeout,
-            now=asyncio.get_running_loop().time(),
-        )
+        machine = ClientMachine(self.limits, asyncio.get_running_loop().time())
         session = StreamSession(state)
         entry = self._streamed.get(asyncio.current_task())  # type: ignore[arg-type]
         if entry is not None:

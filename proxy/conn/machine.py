@@ -96,6 +96,32 @@ class Close:
 
 Decision = Call | Refuse | Close
 
+ENDED = Close("ended")  # (the usual end, between calls: made once)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What every connection of a listener is held to (made once, shared)."""
+
+    transport: Transport
+    max_request_bytes: int
+    message_timeout: float  # a call whole within this of its first byte
+    idle_timeout: float | None  # IDLE for longer: closed (None: never)
+    # What is kept for after the call being answered before reading pauses (see full).
+    keep_at_most: int
+
+    @classmethod
+    def of(
+        cls,
+        transport: Transport,
+        *,
+        max_request_bytes: int,
+        message_timeout: float,
+        idle_timeout: float | None,
+    ) -> Limits:
+        keep = max(64 * 1024, min(max_request_bytes, 1 << 20))
+        return cls(transport, max_request_bytes, message_timeout, idle_timeout or None, keep)
+
 
 class ClientMachine:
     """One client connection's state (see the module's docstring). ``IDLE`` has nothing
@@ -107,34 +133,18 @@ class ClientMachine:
         "_deadline",
         "_ended",
         "_idle_since",
-        "_keep_at_most",
         "_kept_whole",
-        "_max_request_bytes",
         "_reader",
         "calls",
-        "idle_timeout",
-        "message_timeout",
+        "limits",
         "state",
-        "transport",
     )
 
-    def __init__(
-        self,
-        transport: Transport,
-        *,
-        max_request_bytes: int,
-        message_timeout: float,
-        idle_timeout: float | None,
-        now: float,
-    ) -> None:
-        self.transport = transport
-        self.message_timeout = message_timeout
-        self.idle_timeout = idle_timeout or None
+    def __init__(self, limits: Limits, now: float) -> None:
+        self.limits = limits
         self.state = State.IDLE
         self.calls = 0  # answered
-        self._max_request_bytes = max_request_bytes
         self._reader: MessageReader | None = None  # (made when first needed: _requests)
-        self._keep_at_most = max(64 * 1024, min(max_request_bytes, 1 << 20))
         self._idle_since = now  # the last call answered (IDLE)
         self._deadline = 0.0  # when the call under way must be whole (RECEIVING)
         self._ended = False  # the client ended its side (what it sent is still answered)
@@ -148,7 +158,8 @@ class ClientMachine:
     def _requests(self) -> MessageReader:
         reader = self._reader
         if reader is None:
-            reader = self._reader = MessageReader(self.transport, self._max_request_bytes)
+            limits = self.limits
+            reader = self._reader = MessageReader(limits.transport, limits.max_request_bytes)
         return reader
 
     @property
@@ -183,7 +194,7 @@ class ClientMachine:
         alone = self.state is State.IDLE
         requests = self._requests
         if alone:
-            self._deadline = now + self.message_timeout  # (the call's first byte)
+            self._deadline = now + self.limits.message_timeout  # (the call's first byte)
             self.state = State.RECEIVING
         if self.state is State.ANSWERING:
             self._kept_whole = data if not requests.buffered else None
@@ -207,11 +218,14 @@ class ClientMachine:
         what is kept for after it reached a request's size, or 1 MiB if that is less (a
         client that pipelines without end is not read into memory). Read again once
         :meth:`answered`."""
-        return self.state is State.ANSWERING and self.buffered >= self._keep_at_most
+        return self.state is State.ANSWERING and self.buffered >= self.limits.keep_at_most
 
-    def ended(self, now: float) -> Close | None:
+    def ended(self) -> Close | None:
         """The client ended its side: close now, unless a call is being answered (then at
         :meth:`answered`, once that call's reply is out)."""
+        if self.state is State.IDLE:  # (the usual end: nothing of a call received)
+            self.state = State.CLOSED
+            return ENDED
         self._ended = True
         if self.state is State.ANSWERING or self.state is State.CLOSED:
             return None
@@ -224,7 +238,7 @@ class ClientMachine:
                 "ended_mid_call",
                 f"connection closed in the middle of a request ({self.buffered} bytes received)",
             )
-        return Close("ended")
+        return ENDED
 
     # -- what the protocol did -------------------------------------------------------------
 
@@ -241,7 +255,7 @@ class ClientMachine:
             # (What came meanwhile is the start of the next call: its clock starts now, as
             # it would have had the call been answered before it was sent.)
             self.state = State.RECEIVING
-            self._deadline = now + self.message_timeout
+            self._deadline = now + self.limits.message_timeout
             decision = self._next()
             if isinstance(decision, Call) and kept is not None and not self.buffered:
                 return Call(decision.message, kept)  # (it came alone: the chunk was it)
@@ -261,8 +275,9 @@ class ClientMachine:
         """When :meth:`tick` next has something to say (``None``: no clock runs)."""
         if self.state is State.RECEIVING:
             return self._deadline
-        if self.state is State.IDLE and self.idle_timeout is not None:
-            return self._idle_since + self.idle_timeout
+        idle = self.limits.idle_timeout
+        if self.state is State.IDLE and idle is not None:
+            return self._idle_since + idle
         return None
 
     def tick(self, now: float) -> Close | None:
@@ -275,11 +290,11 @@ class ClientMachine:
             self.state = State.CLOSED
             return Close(
                 "timeout",
-                f"request incomplete after {self.message_timeout:g} s "
+                f"request incomplete after {self.limits.message_timeout:g} s "
                 f"({self.buffered} bytes received)",
             )
         self.state = State.CLOSED
-        return Close("idle", f"idle for {self.idle_timeout:g} s")
+        return Close("idle", f"idle for {self.limits.idle_timeout:g} s")
 
     # -- inside ----------------------------------------------------------------------------
 

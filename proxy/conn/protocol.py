@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, cast
 
 from proxy.cache.l1 import Item
 from proxy.client_connection import ClientConnection
-from proxy.conn.machine import Call, ClientMachine, Decision, Refuse, State
+from proxy.conn.machine import ENDED, Call, ClientMachine, Decision, Refuse, State
 from proxy.conn.writer import ProtocolWriter
 from proxy.handler import ClientGone, SessionState
 from proxy.handler.again import Again, replaced
@@ -59,71 +59,41 @@ class ClientProtocol(asyncio.Protocol):
     be answered from the callback (``--fast-paths``); ``refusing``: the connection limit it
     came over (its first call is told so, then it is closed)."""
 
-    # (Made for every connection, Trino's one call each among them: slots.)
-    __slots__ = (
-        "_ending",
-        "_paused_writing",
-        "again",
-        "at_once",
-        "client",
-        "flight",
-        "handler",
-        "loop",
-        "lost",
-        "machine",
-        "options",
-        "over",
-        "reading",
-        "refusing",
-        "server",
-        "state",
-        "task",
-        "transport",
-        "writer",
-    )
+    # Made for every connection, Trino's one call each among them: what most never set is
+    # a class default, not set for each.
+    transport: asyncio.Transport | None = None
+    machine: ClientMachine
+    refusing = 0  # the connection limit it came over (its first call is told so)
+    # Made when a call first needs them (see the module's docstring).
+    state: SessionState | None = None
+    client: ClientConnection | None = None
+    writer: ProtocolWriter | None = None
+    # What answered its last call at once, to answer it again (proxy.handler.again).
+    again: Again | None = None
+    flight: Flight | None = None  # a call forwarded as it arrived, not answered yet
+    task: asyncio.Task[None] | None = None  # a call that had to wait
+    reading = True
+    paused_writing = False
+    lost = False
+    over = False
+    _ending: asyncio.Future[None] | None = None
 
     def __init__(
         self,
         server: ThriftServer,
         loop: asyncio.AbstractEventLoop,
-        *,
         at_once: bool = True,
     ) -> None:
         self.server = server
-        self.options = server.options
-        self.handler = server.handler
         self.loop = loop
         self.at_once = at_once
-        self.refusing = 0
-        self.transport: asyncio.Transport | None = None
-        self.machine: ClientMachine
-        # Made when a call first needs them (see the module's docstring).
-        self.state: SessionState | None = None
-        self.client: ClientConnection | None = None
-        self.writer: ProtocolWriter | None = None
-        # What answered its last call at once, to answer it again (proxy.handler.again).
-        self.again: Again | None = None
-        self.flight: Flight | None = None  # a call forwarded as it arrived, not answered yet
-        self.task: asyncio.Task[None] | None = None  # a call that had to wait
-        self.reading = True
-        self._paused_writing = False
-        self.lost = False
-        self.over = False
-        self._ending: asyncio.Future[None] | None = None
 
     # -- asyncio's callbacks ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (uvloop's transports are not asyncio's classes, but have their methods)
         self.transport = cast(asyncio.Transport, transport)
-        options = self.options
-        self.machine = ClientMachine(
-            options.client_transport,
-            max_request_bytes=options.max_request_bytes,
-            message_timeout=options.client_message_timeout,
-            idle_timeout=options.client_idle_timeout,
-            now=self.loop.time(),
-        )
+        self.machine = ClientMachine(self.server.limits, self.loop.time())
         self.server.accepted(self)
 
     def data_received(self, data: bytes) -> None:
@@ -143,31 +113,35 @@ class ClientProtocol(asyncio.Protocol):
         self._act(machine.received(data, self.loop.time(), tried=tried))
 
     def eof_received(self) -> bool | None:
-        decision = self.machine.ended(self.loop.time())
+        decision = self.machine.ended()
+        if decision is ENDED:
+            return False  # the transport closes: connection_lost ends the connection
         if decision is None:
             # A call is being answered: its reply still goes out (TLS cannot half-close:
             # the transport closes, and the call ends answered to nobody).
             return self.transport is None or self.transport.get_extra_info("sslcontext") is None
-        self._act(decision)
-        return False
+        if decision.reason != "ended":  # (between calls, the usual end: nothing to say)
+            self.server.report(self._peer(), decision)
+        return False  # the transport closes: connection_lost ends the connection
 
     def pause_writing(self) -> None:
         if self.writer is not None:
             self.writer.pause()
-        self._paused_writing = True
+        self.paused_writing = True
 
     def resume_writing(self) -> None:
-        self._paused_writing = False
+        self.paused_writing = False
         if self.writer is not None:
             self.writer.resume()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        self.machine.close()
         if self.writer is not None:
             self.writer.lost(exc)
         if self.task is None and self.flight is None:
             self.end()
+        else:
+            self.machine.close()
         # (Else the call under way ends as ever: answered to nobody, counted, its metastore
         # connection given back; then the connection's end, see _after.)
 
@@ -210,7 +184,7 @@ class ClientProtocol(asyncio.Protocol):
                 self.server.report(self._peer(), decision)
                 reply = decision.reply()
                 if reply is not None:
-                    transport.write(self.options.client_transport.frame(reply))
+                    transport.write(self.server.options.client_transport.frame(reply))
             self.end()  # (closed: its reply goes out if the client reads it)
         else:
             if not self.refusing:  # (one over the limit was counted when it came)
@@ -238,7 +212,7 @@ class ClientProtocol(asyncio.Protocol):
         assert state is not None and client is not None
         gone = False
         try:
-            await self.handler.handle(state, message, client, sent)
+            await self.server.handler.handle(state, message, client, sent)
             state.calls += 1
         except (ConnectionError, ClientGone) as exc:
             log.debug("%s: connection ended: %s", state.peer, exc)
@@ -291,9 +265,9 @@ class ClientProtocol(asyncio.Protocol):
                     self.state.calls += 1
                 return AtOnce.ANSWERED
             if self.state is None:  # a connection that has said nothing before
-                known_calls = self.handler.known
+                known_calls = self.server.handler.known
                 if known_calls is not None:
-                    repeat = call_without_seqid(data, self.options.client_transport)
+                    repeat = call_without_seqid(data, self.server.framing)
                     known = known_calls.first(repeat[0]) if repeat is not None else None
                     again = known.again if known is not None else None
                     if again is not None and again.answer(data, transport):
@@ -351,7 +325,7 @@ class ClientProtocol(asyncio.Protocol):
         state: SessionState,
         client: ClientConnection,
     ) -> AtOnce | None:
-        handler = self.handler
+        handler = self.server.handler
         known_calls = handler.known
         write = client.write_at_once
         if known_calls is None:  # nothing is a hit: a call only forwarded may go at once
@@ -372,7 +346,7 @@ class ClientProtocol(asyncio.Protocol):
                     return AtOnce.ANSWERED
                 hit = handler.serve_known_now(known, repeat[1], write)
         if hit is False:  # not known by its bytes (None: known, and not answered at once)
-            message = whole_message(data, client.transport, self.options.max_request_bytes)
+            message = whole_message(data, client.transport, self.server.options.max_request_bytes)
             if message is None:
                 return None
             bytes_known = repeat[0] if repeat is not None else None
@@ -399,11 +373,11 @@ class ClientProtocol(asyncio.Protocol):
         state, client = self.state, self.client
         assert state is not None and client is not None
         if message is None:
-            message = whole_message(data, client.transport, self.options.max_request_bytes)
+            message = whole_message(data, client.transport, self.server.options.max_request_bytes)
             if message is None:
                 return None
         handover = functools.partial(self._hand_over, message)
-        flight = self.handler.forward_now(
+        flight = self.server.handler.forward_now(
             state, message, client.write_at_once, handover, self._landed
         )
         if flight is None:
@@ -434,9 +408,11 @@ class ClientProtocol(asyncio.Protocol):
             assert transport is not None
             state = self.state = SessionState(peer=PeerName(transport))
             self.writer = ProtocolWriter(transport, self.loop)
-            if self._paused_writing:
+            if self.paused_writing:
                 self.writer.pause()
-            self.client = ClientConnection(self.writer, self.options.client_transport, transport)
+            self.client = ClientConnection(
+                self.writer, self.server.options.client_transport, transport
+            )
         return state
 
     def again_with(self, again: Again | None) -> None:
@@ -471,16 +447,19 @@ class ClientProtocol(asyncio.Protocol):
         self.over = True
         self.machine.close()
         try:
-            flight, self.flight = self.flight, None
-            if flight is not None:  # (a stop gave up on it)
+            if self.flight is not None:  # (a stop gave up on it)
+                flight, self.flight = self.flight, None
                 flight.abandon()
             if self.state is not None:
-                self.handler.end_session(self.state)
+                self.server.handler.end_session(self.state)
         finally:  # (a bug above must not leave it counted, nor a stop waiting for it)
-            if self.again is not None:
-                self.again_with(None)
+            again = self.again
+            if again is not None:
+                self.again = None
+                replaced(again, None)
             if not self.lost:
                 self.close()
             self.server.ended(self)
-            if self._ending is not None and not self._ending.done():
-                self._ending.set_result(None)
+            ending = self._ending
+            if ending is not None and not ending.done():
+                ending.set_result(None)

@@ -57,7 +57,7 @@ async def serve_streams(
     being answered)."""
     loop = asyncio.get_running_loop()
     state = session.state
-    transport = machine.transport
+    transport = machine.limits.transport
     client = ClientConnection(writer, transport)
     decision: Call | Refuse | Close | None = None
     try:
@@ -71,7 +71,7 @@ async def serve_streams(
                 decision = machine.tick(max(loop.time(), due))
             else:
                 now = loop.time()
-                decision = machine.received(data, now) if data else machine.ended(now)
+                decision = machine.received(data, now) if data else machine.ended()
             while isinstance(decision, Call):
                 session.handling = True
                 try:

@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from proxy import idl
-from proxy.conn.machine import Call, ClientMachine, Close, Refuse, State
+from proxy.conn.machine import Call, ClientMachine, Close, Limits, Refuse, State
 from proxy.wire.binary import MessageType, encode_header
 from proxy.wire.framing import Transport
 
@@ -15,13 +15,13 @@ MESSAGE_TIMEOUT, IDLE_TIMEOUT = 5.0, 30.0
 
 
 def machine(transport: Transport = Transport.BUFFERED, **options: float) -> ClientMachine:
-    return ClientMachine(
+    limits = Limits.of(
         transport,
         max_request_bytes=int(options.get("max_request_bytes", 1 << 20)),
         message_timeout=MESSAGE_TIMEOUT,
         idle_timeout=options.get("idle_timeout", IDLE_TIMEOUT),
-        now=0.0,
     )
+    return ClientMachine(limits, 0.0)
 
 
 def call(seqid: int, table: str = "t", transport: Transport = Transport.BUFFERED) -> bytes:
@@ -104,7 +104,7 @@ def test_what_a_client_pipelines_without_end_is_not_read_into_memory() -> None:
 def test_a_client_that_ends_its_side_is_answered_first() -> None:
     m = machine()
     assert isinstance(m.received(call(1) + call(2), 1.0), Call)
-    assert m.ended(1.5) is None  # answering: the reply still goes out
+    assert m.ended() is None  # answering: the reply still goes out
     second = m.answered(2.0)
     assert isinstance(second, Call) and second.message.header.seqid == 2
     assert m.answered(3.0) == Close("ended") and m.state is State.CLOSED
@@ -117,14 +117,14 @@ def test_a_client_that_ends_its_side_is_answered_first() -> None:
 def test_a_client_that_ends_its_side_between_calls_is_closed(sent: bytes, reason: str) -> None:
     m = machine()
     m.received(sent, 1.0)
-    closed = m.ended(2.0)
+    closed = m.ended()
     assert isinstance(closed, Close) and closed.reason == reason and m.state is State.CLOSED
 
 
 def test_a_client_ending_after_part_of_a_pipelined_call_is_closed_once_answered() -> None:
     m = machine()
     assert isinstance(m.received(call(1) + call(2)[:10], 1.0), Call)
-    assert m.ended(1.5) is None
+    assert m.ended() is None
     closed = m.answered(2.0)
     assert isinstance(closed, Close) and closed.reason == "ended_mid_call"
 
