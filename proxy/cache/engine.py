@@ -24,6 +24,7 @@ Rules the engine keeps, whatever the store:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from proxy import idl
@@ -31,14 +32,14 @@ from proxy.cache import assembled
 from proxy.cache.decide import Result, Verdict, fingerprints_footprint
 from proxy.cache.dictionaries import Dictionaries
 from proxy.cache.fences import LockFences
-from proxy.cache.hit_counts import HitCounts
+from proxy.cache.hit_counts import HitCount, HitCounts
 from proxy.cache.l1 import L1, Item
 from proxy.cache.partition_reads import AssembledHit, PartitionReads
 from proxy.cache.plan import ReadPlan, WritePlan
 from proxy.cache.planner import Planner
-from proxy.cache.reads import ReadCall, Seen, Served, WholeReads
+from proxy.cache.reads import Pending, ReadCall, Seen, Served, WholeReads
 from proxy.cache.sampling import Sampler
-from proxy.cache.store import MemoryStore, Store
+from proxy.cache.store import MemoryStore, Standing, Store
 from proxy.cache.writes import MAX_PENDING, Changes, Invalidations, WriteIntent
 from proxy.catalog import MethodSpec
 from proxy.memo import Footprint, footprint_of
@@ -47,6 +48,21 @@ from proxy.wire.errors import ProtocolError
 from proxy.wire.framing import Message
 
 __all__ = ["MAX_PENDING", "CacheEngine", "Result", "Verdict", "WriteIntent"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServedAgain:
+    """What serving a hit judged before needs, outside the engine (proxy.handler.again):
+    whether the store is trusted (``standing``; the item's scope says the rest), whether
+    an invalidation is ``pending``, whether the freshness check wants a hit (``sampler``),
+    where the hits are counted (``count``) and how the entry keeps its LRU place
+    (``touch``). The engine's own parts, handed out as one value."""
+
+    standing: Standing
+    pending: Pending
+    sampler: Sampler
+    count: Callable[[HitCount, int], None]
+    touch: Callable[[str], None]
 
 
 class Activity(Seen, Changes, Protocol):
@@ -118,6 +134,10 @@ class CacheEngine:
         # Hits for the freshness check (proxy.freshness), when it wants one: the hits that
         # need no await decline while it does (see proxy.cache.sampling).
         self.freshness = Sampler()
+        touch = self.l1.touch if self.l1 is not None else _untouched
+        self.served_again = ServedAgain(
+            store.standing, self.invalidations, self.freshness, self.hits.count, touch
+        )
         # The write side, as the request path, the follower and the admin service call it.
         self.expand = self.invalidations.expand
         self.begin_write = self.invalidations.begin
@@ -252,3 +272,7 @@ class CacheEngine:
             self.l1.clear()
         self.dictionaries.clear()
         return await self.store.flush(self.naming.pattern)
+
+
+def _untouched(key: str) -> None:
+    """(No in-process copy: nothing keeps an LRU place.)"""

@@ -41,7 +41,7 @@ import time
 import weakref
 from array import array
 
-from proxy.cache.engine import CacheEngine
+from proxy.cache.engine import ServedAgain
 from proxy.cache.entry import Payload
 from proxy.cache.l1 import Item
 from proxy.handler.session import ClientGone
@@ -116,7 +116,7 @@ class Again:
         at: int,
         transport: Transport,
         item: Item,
-        cache: CacheEngine,
+        served: ServedAgain,
         metrics: Metrics,
     ) -> None:
         parts, counted = item.answer, item.counted
@@ -131,16 +131,16 @@ class Again:
         self.head = transport.prefix(len(item.entry.payload)) + parts[0]  # framed, if framed
         # What decides, beside the item and its scope: whether the store is trusted,
         # pending invalidations.
-        self.standing = cache.store.standing
-        self.invalidations = cache.invalidations
-        self.sampler = cache.freshness  # (it wants a hit: the ordinary way records it)
+        self.standing = served.standing
+        self.invalidations = served.pending
+        self.sampler = served.sampler  # (it wants a hit: the ordinary way records it)
         # What is counted.
         method = counted.method
         self.requests = metrics.requests.labels(method, parts[2])
         self.duration = metrics.request_duration.labels(method, "cache")
         self.gone = metrics.requests.labels(method, "client_gone")
-        self.count_hits = cache.hits.count
-        self.touch = cache.l1.touch
+        self.count_hits = served.count
+        self.touch = served.touch
         self.kept = False  # with its call in KnownCalls, which counts its answers then
         self.asked = False  # answered since KnownCalls kept it, or last passed it over
         # Answers not counted yet, and how long each took (see settle).

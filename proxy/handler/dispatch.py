@@ -319,7 +319,7 @@ class CallHandler:
         at = seqid_offset(request, transport)
         if at is None or self.cache is None or item.answer is None:
             return None
-        return Again(request, at, transport, item, self.cache, self.metrics)
+        return Again(request, at, transport, item, self.cache.served_again, self.metrics)
 
     def _answer_now(
         self,
