@@ -10,6 +10,7 @@ apart that way. Here both builds run at once (embedded store) on one real metast
 
 * get_table hits are timed on one connection to each build and to the floor, alternated
   call by call (``bench.cache``'s ``side_by_side``): p50 and the ratio to the floor;
+* get_partitions (10,000) hits on one connection, alternated likewise (a 12 MB reply);
 * get_table hits on a connection per call (Trino's way: connect, call, last byte, close),
   alternated likewise: p50, the ratio to the floor, and each process's CPU time per call
   (from ``/proc``, in 10 ms ticks: 10 us per call over 1,000 calls, 20 us over 500);
@@ -108,7 +109,11 @@ def main() -> None:
             wait_for_port(ports[name], 60, alive=lambda p=process: p.poll() is None)
         request = idl.encode_call("get_table", 1, dbname=BENCH_DB, tbl_name=WIDE_TABLE)
         reply = reply_bytes(TimedConnection(hms.port), request)
-        floor = ReplayFloor([(request, reply)], "uvloop", DATA / "floor")
+        wide = idl.encode_call(
+            "get_partitions", 2, db_name=BENCH_DB, tbl_name=WIDE_TABLE, max_parts=-1
+        )
+        wide_reply = reply_bytes(TimedConnection(hms.port), wide)
+        floor = ReplayFloor([(request, reply), (wide, wide_reply)], "uvloop", DATA / "floor")
         ports["floor"] = floor.port
         names = ("base", "this", "floor")
         conns = [TimedConnection(ports[name]) for name in names]
@@ -120,6 +125,16 @@ def main() -> None:
             print(
                 f"| {n + 1} | {p50(b) * 1e6:.1f} ({p50(b) / p50(f):.2f}x) | "
                 f"{p50(t) * 1e6:.1f} ({p50(t) / p50(f):.2f}x) | {p50(f) * 1e6:.1f} |"
+            )
+        wide_runs = max(50, args.runs // 10)
+        print(f"\nget_partitions (10,000) hits on one connection, alternated ({wide_runs} each)\n")
+        print("| round | base p50 ms | this p50 ms | floor p50 ms |")
+        print("|---|---:|---:|---:|")
+        for n in range(args.rounds):
+            (b, t, f), size = side_by_side(conns, [wide], wide_runs, True)
+            print(
+                f"| {n + 1} | {p50(b) * 1e3:.2f} ({p50(b) / p50(f):.2f}x) | "
+                f"{p50(t) * 1e3:.2f} ({p50(t) / p50(f):.2f}x) | {p50(f) * 1e3:.2f} |"
             )
         for conn in conns:
             conn.close()

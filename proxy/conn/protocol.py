@@ -113,16 +113,21 @@ class ClientProtocol(asyncio.Protocol):
         self._act(machine.received(data, self.loop.time(), tried=tried))
 
     def eof_received(self) -> bool | None:
+        transport = self.transport
+        assert transport is not None
         decision = self.machine.ended()
-        if decision is ENDED:
-            return False  # the transport closes: connection_lost ends the connection
         if decision is None:
             # A call is being answered: its reply still goes out (TLS cannot half-close:
             # the transport closes, and the call ends answered to nobody).
-            return self.transport is None or self.transport.get_extra_info("sslcontext") is None
-        if decision.reason != "ended":  # (between calls, the usual end: nothing to say)
+            return transport.get_extra_info("sslcontext") is None
+        if decision is not ENDED and not self.refusing:  # (the usual end: nothing to say)
             self.server.report(self._peer(), decision)
-        return False  # the transport closes: connection_lost ends the connection
+        # The transport closes, and connection_lost ends the connection; but only once what
+        # is written has gone out, which a client that reads nothing more never lets happen:
+        # then it ends now (not counted open, nor waited for by a stop, meanwhile).
+        if decision is not ENDED or transport.get_write_buffer_size():
+            self.end()
+        return False
 
     def pause_writing(self) -> None:
         if self.writer is not None:

@@ -428,3 +428,27 @@ def test_a_connection_with_no_session_counts_what_answered_it_when_it_moves_on(
             await _until(lambda: _counted(r)[:2] == (before[0] + 4, before[1] + 4))
 
     asyncio.run(run())
+
+
+def test_a_client_that_ends_its_side_and_reads_nothing_more_is_not_counted_open() -> None:
+    """Its last reply cannot all go out (the client reads nothing more): the transport's
+    close waits for that, and with it the connection's end; the connection is ended at
+    once instead, neither counted open nor waited for by a stop."""
+
+    async def run() -> None:
+        async with fed() as (r, server, connection):
+            r.hms.add_table(DB, T, v="1")
+            client = connection()
+            client.feed(get_table(1))  # a miss: cached
+            await client.replied(1)
+            protocol = client.transport.get_protocol()
+            assert isinstance(protocol, ClientProtocol)
+            held = client.transport
+            held.get_write_buffer_size = lambda: 1 << 20  # type: ignore[method-assign]
+            held.close = lambda: setattr(held, "closing", True)  # type: ignore[method-assign]
+            assert server.connections() == 1
+            assert protocol.eof_received() is False
+            assert server.connections() == 0 and protocol.over
+            await asyncio.wait_for(server.stop(3600), 30)  # (nothing to wait for)
+
+    asyncio.run(run())
