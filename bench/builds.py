@@ -131,7 +131,7 @@ def main() -> None:
         print("| round | base p50 ms | this p50 ms | floor p50 ms |")
         print("|---|---:|---:|---:|")
         for n in range(args.rounds):
-            (b, t, f), size = side_by_side(conns, [wide], wide_runs, True)
+            (b, t, f), _ = side_by_side(conns, [wide], wide_runs, True)
             print(
                 f"| {n + 1} | {p50(b) * 1e3:.2f} ({p50(b) / p50(f):.2f}x) | "
                 f"{p50(t) * 1e3:.2f} ({p50(t) / p50(f):.2f}x) | {p50(f) * 1e3:.2f} |"
