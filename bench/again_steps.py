@@ -31,31 +31,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bench.common import CountingTransport
 from proxy import idl
 from proxy.cache.l1 import Item
 from proxy.handler import SessionState
 from proxy.handler.again import Again
 from proxy.wire.framing import Transport, call_without_seqid, whole_message
 from tests.unit.inprocess import Client, Rig, message, rig
-
-
-class CountingTransport:
-    """Takes writes and counts them: the socket's part is not this bench's."""
-
-    def __init__(self) -> None:
-        self.writes = 0
-
-    def write(self, data: Any) -> None:
-        self.writes += 1
-
-    def writelines(self, data: Any) -> None:
-        self.writes += 1
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def is_closing(self) -> bool:
-        return False
 
 
 def checked_not_counted(self: Again, data: bytes, transport: Any) -> bool:

@@ -20,8 +20,8 @@ import argparse
 import asyncio
 import statistics
 import time
-from typing import Any
 
+from bench.common import CountingTransport
 from proxy import idl
 from proxy.handler import SessionState
 from proxy.wire.framing import Transport, call_without_seqid, whole_message
@@ -30,25 +30,6 @@ from tests.unit.inprocess import Rig, rig
 DB = "db"
 WRITTEN = "written"
 M = idl.module()
-
-
-class CountingTransport:
-    """Takes writes and counts them."""
-
-    def __init__(self) -> None:
-        self.writes = 0
-
-    def write(self, data: Any) -> None:
-        self.writes += 1
-
-    def writelines(self, data: Any) -> None:
-        self.writes += 1
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def is_closing(self) -> bool:
-        return False
 
 
 def answered(r: Rig, data: bytes, transport: CountingTransport) -> bool:

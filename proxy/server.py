@@ -43,7 +43,6 @@ class ThriftServer:
         self.handler = handler
         self.metrics = metrics
         self.acceptor = acceptor  # SASL (--client-auth kerberos): who each engine is
-        self.framing = options.client_transport
         self._at_once = options.fast_paths != "off"
         # What every connection is held to; one over the limit, to less (its call's header
         # is all it is read for, within a few seconds).

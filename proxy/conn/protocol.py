@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, cast
 
 from proxy.cache.l1 import Item
 from proxy.client_connection import ClientConnection
-from proxy.conn.machine import ENDED, Call, ClientMachine, Decision, Refuse, State
+from proxy.conn.machine import ENDED, Call, ClientMachine, Decision, Refuse
 from proxy.conn.writer import ProtocolWriter
 from proxy.handler import ClientGone, SessionState
 from proxy.handler.again import Again, replaced
@@ -42,8 +42,6 @@ if TYPE_CHECKING:
     from proxy.server import ThriftServer
 
 log = logging.getLogger("proxy.server")  # (its lines are the listener's)
-
-IDLE = State.IDLE
 
 
 class AtOnce(Enum):
@@ -99,7 +97,7 @@ class ClientProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         machine = self.machine
         tried = False
-        if self.at_once and machine.state is IDLE:  # (whole_chunk_welcome, its test inline)
+        if self.at_once and machine.whole_chunk_welcome():
             done = self._answered_whole(data)
             if done is AtOnce.ANSWERED:
                 machine.answered_whole(self.loop.time())
@@ -272,22 +270,16 @@ class ClientProtocol(asyncio.Protocol):
             if self.state is None:  # a connection that has said nothing before
                 known_calls = self.server.handler.known
                 if known_calls is not None:
-                    repeat = call_without_seqid(data, self.server.framing)
+                    repeat = call_without_seqid(data, self.server.limits.transport)
                     known = known_calls.first(repeat[0]) if repeat is not None else None
                     again = known.again if known is not None else None
                     if again is not None and again.answer(data, transport):
                         self.again_with(again)
                         return AtOnce.ANSWERED
         except ClientGone as exc:  # (its transport closed)
-            log.debug("%s: connection ended: %s", self._peer(), exc)
-            self.end()
-            return AtOnce.ENDED
+            return self._ended_at_once(exc)
         except Exception:  # (a bug, before its write)
-            log.exception(
-                "%s: internal error answering at once: closing the connection", self._peer()
-            )
-            self.end()
-            return AtOnce.ENDED
+            return self._ended_at_once(None)
         return self._answered_now(data, transport)
 
     def _answered_now(self, data: bytes, transport: asyncio.Transport) -> AtOnce | None:
@@ -303,25 +295,31 @@ class ClientProtocol(asyncio.Protocol):
         try:
             done = self._looked_up(data, transport, state, client)
         except ClientGone as exc:
-            log.debug("%s: connection ended: %s", state.peer, exc)
-            self.end()
-            return AtOnce.ENDED
+            return self._ended_at_once(exc)
         except Exception:
             if client.answered != before:  # (after its reply: the connection goes on)
                 log.exception("%s: internal error after answering at once", state.peer)
                 state.calls += 1
                 return AtOnce.ANSWERED
-            # Before it, the call may have gone nowhere, or to the metastore already (a call
-            # only forwarded): closed, as a lost connection is, rather than left waiting for
-            # a reply that may never come, or the call sent twice.
-            log.exception(
-                "%s: internal error answering at once: closing the connection", state.peer
-            )
-            self.end()
-            return AtOnce.ENDED
+            return self._ended_at_once(None)
         if done is AtOnce.ANSWERED:
             state.calls += 1
         return done
+
+    def _ended_at_once(self, gone: ClientGone | None) -> AtOnce:
+        """Answering at once ended the connection: its client was ``gone``, or (``None``,
+        called while handling it) a bug struck before the reply was written. The call may
+        have gone nowhere, or to the metastore already (a call only forwarded): the
+        connection is closed, as a lost one is, rather than left waiting for a reply that
+        may never come, or the call sent twice."""
+        if gone is not None:
+            log.debug("%s: connection ended: %s", self._peer(), gone)
+        else:
+            log.exception(
+                "%s: internal error answering at once: closing the connection", self._peer()
+            )
+        self.end()
+        return AtOnce.ENDED
 
     def _looked_up(
         self,
@@ -458,10 +456,8 @@ class ClientProtocol(asyncio.Protocol):
             if self.state is not None:
                 self.server.handler.end_session(self.state)
         finally:  # (a bug above must not leave it counted, nor a stop waiting for it)
-            again = self.again
-            if again is not None:
-                self.again = None
-                replaced(again, None)
+            if self.again is not None:
+                self.again_with(None)
             if not self.lost:
                 self.close()
             self.server.ended(self)
