@@ -411,11 +411,44 @@ class Options:
         metavar="BYTES",
     )
     max_reply_bytes: int = _opt(
-        512 << 20,
+        100 << 20,
         parse_size,
-        "largest reply accepted from the metastore (512 MiB holds 100,000 partitions of "
-        "~5 KB; a 20-column partition is ~1.1 KB)",
+        "largest reply a client is sent: the 100 MiB Thrift 0.14+ clients take (Trino, "
+        "Spark 4, Hive 4; ~90,000 partitions of ~1.1 KB); a bigger one is answered with a "
+        "MetaException naming the table and the limit, not a connection cut mid-reply; "
+        "replies are held whole before they are sent, at most this much per call",
         metavar="BYTES",
+    )
+    max_partitions_per_call: int = _opt(
+        0,
+        parse_count,
+        "calls for partition objects that would return more are refused with the HMS's own "
+        "MetaException for hive.metastore.limit.partition.request (counted by the metastore "
+        "before they are sent); 0: no limit. 100000 keeps one call within a client's "
+        "100 MiB; lower it to what your largest legitimate scan needs",
+        metavar="N",
+    )
+    heavy_partitions: int = _opt(
+        10_000,
+        parse_count,
+        "a call for partition objects returning more than this many (or that may: an "
+        "expression over a bigger table) is heavy: it waits in a line of its own, limited "
+        "by --heavy-max-concurrent, so small calls never wait behind it",
+        metavar="N",
+    )
+    heavy_max_concurrent: int = _opt(
+        4,
+        parse_count,
+        "heavy calls at the metastore at once (each builds a reply of megabytes in its "
+        "heap); 0: heavy calls are not told apart",
+        metavar="N",
+    )
+    partition_count_ttl: float = _opt(
+        30.0,
+        parse_seconds,
+        "seconds a table's partition count (asked of the metastore, to cost a call before "
+        "it is sent) is trusted",
+        metavar="SECONDS",
     )
     client_message_timeout: float = _opt(
         30.0,

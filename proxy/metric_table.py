@@ -42,8 +42,11 @@ LATENCY_BUCKETS = (
     30.0,
 )
 
-OUTCOMES = ("ok", "user_error", "upstream_error", "internal_error", "client_gone")
-UPSTREAM_OUTCOMES = ("ok", "timeout", "connection_error", "protocol_error")
+OUTCOMES = ("ok", "user_error", "upstream_error", "internal_error", "client_gone", "refused")
+UPSTREAM_OUTCOMES = ("ok", "timeout", "connection_error", "protocol_error", "reply_too_large")
+LANE_KINDS = ("read", "write", "heavy")
+# Why the proxy refused a call (see proxy.guard).
+REFUSALS = ("partitions_per_call", "reply_too_large", "calls_rate", "partitions_rate")
 LOOKUP_RESULTS = ("hit", "miss", "negative_hit", "bypass")
 CACHE_OPERATIONS = ("connect", "get", "set", "delete", "version")
 INVALIDATION_SCOPES = tuple(s.name.lower() for s in catalog.Scope if s.name)
@@ -252,17 +255,48 @@ METRICS: tuple[MetricSpec, ...] = (
         Gauge,
         "hmsproxy_upstream_waiting",
         "Calls waiting their turn for a metastore connection (at "
-        "--upstream-max-connections, or reads at their share of it), by kind",
+        "--upstream-max-connections, reads at their share of it, heavy reads at "
+        "--heavy-max-concurrent), by kind",
         ("kind",),
         Wrap.CHILDREN,
-        start=(("read", "write"),),
+        start=(LANE_KINDS,),
     ),
     MetricSpec(
         "upstream_wait",
         Histogram,
         "hmsproxy_upstream_wait_seconds",
-        "Time calls that had to wait for a metastore connection waited for their turn",
+        "Time calls that had to wait for a metastore connection waited for their turn, by "
+        "kind (read, write, heavy) and user group (of --limits-file; default)",
+        ("kind", "group"),
+        Wrap.CHILDREN,
         buckets=(*LATENCY_BUCKETS, 60.0, 120.0, 300.0, 600.0),  # (up to the read timeout)
+    ),
+    MetricSpec(
+        "heavy_in_flight",
+        Gauge,
+        "hmsproxy_heavy_calls_in_flight",
+        "Heavy calls (over --heavy-partitions partitions) holding a metastore connection "
+        "now; at most --heavy-max-concurrent",
+    ),
+    MetricSpec(
+        "refused",
+        Counter,
+        "hmsproxy_refused_calls",
+        "Calls the proxy answered with an error instead of sending them on (or instead of "
+        "their too large reply), by reason and user group (of --limits-file; default)",
+        ("reason", "group"),
+        Wrap.CHILDREN,
+        start=(REFUSALS, ("default",)),
+    ),
+    MetricSpec(
+        "partition_counts",
+        Counter,
+        "hmsproxy_partition_count_queries",
+        "Partition counts the proxy asked the metastore for (get_num_partitions_by_filter) "
+        "to know a call's cost before sending it, by result",
+        ("result",),
+        Wrap.CHILDREN,
+        start=(("ok", "failed"),),
     ),
     MetricSpec(
         "upstream_connects",

@@ -150,7 +150,10 @@ class Metrics:
     upstream_duration: _Children
     upstream_connections: _Children
     upstream_waiting: _Children
-    upstream_wait: Histogram
+    upstream_wait: _Children
+    heavy_in_flight: Gauge
+    refused: _Children
+    partition_counts: _Children
     upstream_connects: _Children
     upstream_available: Gauge
     cache_available: Gauge

@@ -26,6 +26,8 @@ from proxy.cache.engine import CacheEngine
 from proxy.cache.l1 import Item
 from proxy.cache.plan import ReadPlan
 from proxy.catalog import Kind, MethodSpec
+from proxy.guard.calls import PARTITION_READS
+from proxy.guard.gate import Gate
 from proxy.handler import again
 from proxy.handler.again import Again
 from proxy.handler.flight import Flight
@@ -67,7 +69,10 @@ class CallHandler:
         self.metrics = metrics
         self.cache = cache
         keep_limit = cache.max_entry_bytes if cache is not None else max_reply_bytes
-        self.forwarder = Forwarder(pool, metrics, pool.timeouts, keep_limit)
+        # Calls for partition objects are costed before they go, and every call waits its
+        # turn at the metastore as its tenant (proxy.guard).
+        self.gate = Gate(pool.options, pool, metrics)
+        self.forwarder = Forwarder(pool, metrics, pool.timeouts, keep_limit, self.gate)
         self.identities = Identities(pool, self.forwarder)
         self._plain: dict[str, bool] = {}  # see forwards_plainly
         # Calls known by their bytes, with their plans and what answers them again.
@@ -176,8 +181,8 @@ class CallHandler:
         return plain and name not in self.forwarder.removals.names
 
     def _plain_method(self, name: str) -> bool:
-        if name in _NOT_PLAIN or name in idl.oneway_methods():
-            return False
+        if name in _NOT_PLAIN or name in idl.oneway_methods() or name in PARTITION_READS:
+            return False  # (a call for partitions is costed first: proxy.guard)
         spec = catalog.lookup(name)
         if self.cache is None:
             return spec is None or spec.kind is not Kind.SESSION

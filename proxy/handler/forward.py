@@ -15,6 +15,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from proxy import bridge
+from proxy.guard import answers
+from proxy.guard.calls import table_named
+from proxy.guard.gate import Admitted, Gate
 from proxy.handler.session import ClientGone, SessionState
 from proxy.metrics import Metrics, method_label
 from proxy.upstream import (
@@ -27,7 +30,8 @@ from proxy.upstream import (
     UpstreamUnreachable,
     relay,
 )
-from proxy.upstream.errors import UpstreamProtocolError, started
+from proxy.upstream.admission import ANONYMOUS
+from proxy.upstream.errors import ReplyTooLarge, UpstreamProtocolError, started
 from proxy.upstream.hazards import spoils_connection
 from proxy.upstream.relay import OnReply, result_outcome, send
 from proxy.wire.binary import (
@@ -40,6 +44,8 @@ from proxy.wire.binary import (
 from proxy.wire.framing import Message, Transport
 
 log = logging.getLogger(__name__)
+
+ADMITTED = Admitted(ANONYMOUS)  # a call no gate looked at
 
 # Answers a failed call instead, if it can (a stale cached reply): True if it did.
 Fallback = Callable[[], Awaitable[bool]]
@@ -68,12 +74,20 @@ def upstream_request(message: Message) -> bytes:
 
 class Forwarder:
     def __init__(
-        self, pool: UpstreamPool, metrics: Metrics, timeouts: Timeouts, keep_limit: int
+        self,
+        pool: UpstreamPool,
+        metrics: Metrics,
+        timeouts: Timeouts,
+        keep_limit: int,
+        gate: Gate | None = None,
     ) -> None:
         self.pool = pool
         self.metrics = metrics
         self.timeouts = timeouts
-        self.keep_limit = keep_limit  # the largest reply kept whole while it is streamed
+        self.keep_limit = keep_limit  # the largest bridged reply kept whole while rewritten
+        # What a client's read must pass before it goes (None: everything goes, as one
+        # tenant: the proxy's own tests of the relay alone).
+        self.gate = gate
         # Metastores known to lack a removed method (HMS 4.0.1's get_table): bridged.
         self.removals = bridge.Removals()
 
@@ -132,6 +146,14 @@ class Forwarder:
         """
         request = request if request is not None else upstream_request(message)
         relay_to = None if hold else client
+        admitted = ADMITTED
+        gate = self.gate
+        if gate is not None and not write and sent is None:
+            admitted = await gate.admit(session, message)
+            if admitted.refusal is not None:
+                gate.refused(admitted)
+                await client.send(client.transport.frame(admitted.refusal))
+                return "refused"
         attempt = 0
         while True:
             conn: UpstreamConnection | None = None
@@ -142,10 +164,14 @@ class Forwarder:
                     fresh=attempt > 0,
                     write=write,
                     pinned=first.conn if first is not None else session.pinned,
+                    lane=admitted.lane,
                 ) as conn:
                     return await self._exchange(
                         conn, request, message, relay_to, oneway, keep, first
                     )
+            except ReplyTooLarge as exc:
+                # (Its connection was closed with its reply half read; not sent again.)
+                return await self._too_large(session, client, message, exc, admitted)
             except UpstreamError as exc:
                 if conn is None:  # no connection to be had
                     return await self._failed(client, message, exc, fallback)
@@ -294,7 +320,6 @@ class Forwarder:
                 client,
                 self.timeouts.read,
                 on_reply=keep,
-                keep_limit=self.keep_limit,
                 hold_exception=hold_exception,
                 deadline=sent.deadline if sent is not None else None,
             )
@@ -304,6 +329,32 @@ class Forwarder:
         self.metrics.upstream_requests.labels(label, "ok").inc()
         self.metrics.upstream_duration.labels(label).observe(time.perf_counter() - started_at)
         return result
+
+    async def _too_large(
+        self,
+        session: SessionState,
+        client: ClientChannel,
+        message: Message,
+        exc: ReplyTooLarge,
+        admitted: Admitted,
+    ) -> str:
+        """Answer a call whose reply was over the client's limit with a MetaException that
+        says so, naming the table (and its partitions, if they were counted)."""
+        name = message.header.name
+        table = table_named(message)
+        partitions = admitted.estimate.partitions
+        log.warning(
+            "%s: the reply to %s of %s is over --max-reply-bytes (%d bytes)%s: refused",
+            session.peer,
+            name,
+            table or "?",
+            exc.limit,
+            f", {partitions} partitions" if partitions is not None else "",
+        )
+        text = answers.reply_too_large_text(name, table, exc.limit, partitions)
+        self.metrics.refused.labels("reply_too_large", admitted.lane.group).inc()
+        await client.send(client.transport.frame(answers.refusal(name, message.header.seqid, text)))
+        return "refused"
 
     async def _failed(
         self,

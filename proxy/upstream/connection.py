@@ -49,6 +49,7 @@ class UpstreamConnection:
     pinned: bool = False
     closed: bool = False  # closed by the pool: it no longer counts against the limit
     held_by_read: bool = False  # in use by a read: counted against the reads' share
+    held_by_heavy: bool = False  # in use by a heavy read: counted against theirs too
     spoilt: bool = False  # a call left it unfit for another (see .hazards): closed after
     # Its protocol, when its replies can be taken as they arrive (plain streams, no SASL).
     diverter: DivertingProtocol | None = None

@@ -55,3 +55,15 @@ def started(exc: UpstreamError, started_reply: bool) -> UpstreamError:
     """``exc``, marked with whether part of the reply had already gone to the client."""
     exc.started_reply = started_reply
     return exc
+
+
+class ReplyTooLarge(UpstreamProtocolError):
+    """The metastore's reply grew past ``limit`` bytes, the largest a client takes
+    (``--max-reply-bytes``) before any of it went out: the client gets an error saying so,
+    the connection (its reply half read) is closed, and the call is not sent again."""
+
+    outcome = "reply_too_large"
+
+    def __init__(self, message: str, *, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit

@@ -32,7 +32,7 @@ from proxy import idl
 from proxy.config import Options
 from proxy.memo import BoundedMemo, Footprint, footprint_of
 from proxy.metrics import Metrics
-from proxy.upstream.admission import Admission
+from proxy.upstream.admission import ANONYMOUS, Admission, Lane, LaneKind
 from proxy.upstream.connection import Identity, UpstreamConnection
 from proxy.upstream.endpoints import Endpoints, Opener, UpstreamAuth
 from proxy.upstream.errors import UpstreamAuthFailed, UpstreamError, UpstreamProtocolError
@@ -69,7 +69,12 @@ class UpstreamPool:
         self._idle = IdleConnections(
             options.upstream_max_idle, options.upstream_idle_timeout, self._discard
         )
-        self._admission = Admission(options.upstream_max_connections, self._idle, metrics)
+        self._admission = Admission(
+            options.upstream_max_connections,
+            self._idle,
+            metrics,
+            heavy_limit=options.heavy_max_concurrent,
+        )
         # The HMS's reply to each identity's set_ugi, so a client repeating it can be answered
         # without a round trip (the HMS answers the same arguments the same way).
         self._ugi_replies: BoundedMemo[Identity, Message] = BoundedMemo(
@@ -81,6 +86,7 @@ class UpstreamPool:
         connections = self.metrics.upstream_connections
         connections.labels("idle").set_function(lambda: idle.count)
         connections.labels("active").set_function(lambda: admission.open - idle.count)
+        self.metrics.heavy_in_flight.set_function(lambda: admission.heavy_held)
 
     # -- acquiring and releasing ---------------------------------------------------------
 
@@ -91,13 +97,15 @@ class UpstreamPool:
         fresh: bool = False,
         write: bool = False,
         patience: float | None = None,
+        lane: Lane = ANONYMOUS,
         _retried: bool = False,
     ) -> UpstreamConnection:
         """A connection running as ``identity``; ``fresh`` skips pooled ones (after a stale
         one); ``write``: for a call that may change metadata (it may use every connection,
-        reads all but an eighth).
+        reads all but an eighth); ``lane``: whose call it is, and whether it is heavy (see
+        :mod:`.admission`).
 
-        At the limit it waits its turn, first come, first served, up to ``patience`` seconds
+        At the limit it waits its turn, fairly across tenants, up to ``patience`` seconds
         (``--upstream-read-timeout`` unless told: the bound of the call it is for), then
         raises UpstreamUnavailable. Its turn come, it takes an idle connection running as
         ``identity``, or else closes the oldest idle connection and opens its own.
@@ -106,8 +114,9 @@ class UpstreamPool:
         deadline = time.monotonic() + patience
         if self.auth is not None:
             await self.auth.prepare(identity)
+        kind = self._admission.kind_of(write, lane)
         idle = await self._admission.wait_turn(
-            write, deadline, patience, lambda: self._take(identity, fresh=fresh, write=write)
+            kind, deadline, patience, lambda: self._take(identity, fresh=fresh, kind=kind), lane
         )
         if idle is not None:
             if idle.identity is None and identity is not None:
@@ -117,7 +126,7 @@ class UpstreamPool:
         try:
             conn = await self._endpoints.connect(identity, self.auth)
         except UpstreamAuthFailed as exc:
-            self._admission.free_slot(write=write)
+            self._admission.free_slot(kind)
             if not exc.retry or _retried:
                 raise
             # E.g. a delegation token the HMS forgot: a new one is fetched (on a connection of
@@ -125,12 +134,12 @@ class UpstreamPool:
             log.info("metastore refused a connection (%s); trying once more", exc)
             left = max(0.0, deadline - time.monotonic())
             return await self.acquire(
-                identity, fresh=True, write=write, patience=left, _retried=True
+                identity, fresh=True, write=write, patience=left, lane=lane, _retried=True
             )
         except BaseException:
-            self._admission.free_slot(write=write)
+            self._admission.free_slot(kind)
             raise
-        conn.held_by_read = not write
+        _mark_held(conn, kind)
         if identity is not None and identity.binds_by_set_ugi:
             return await self._bind(conn, identity)
         conn.identity = identity
@@ -148,7 +157,7 @@ class UpstreamPool:
         conn = self._idle.take(identity)
         if conn is None:
             return None
-        self._admission.hold(write=False)
+        self._admission.hold("read")
         conn.held_by_read = True
         if conn.diverter is None:  # (one opener opens all: not so, but never assumed)
             self.release(conn, reusable=True)
@@ -170,15 +179,18 @@ class UpstreamPool:
         write: bool = False,
         patience: float | None = None,
         pinned: UpstreamConnection | None = None,
+        lane: Lane = ANONYMOUS,
     ) -> AsyncIterator[UpstreamConnection]:
         """A connection for one exchange: given back afterwards, or closed if the exchange
         failed in any way (its reply may be half read: it cannot serve anyone else).
-        ``write`` and ``patience`` as for :meth:`acquire`.
+        ``write``, ``patience`` and ``lane`` as for :meth:`acquire`.
 
         ``pinned``: the client's own connection, used instead of a pooled one; it is closed
         the same way on failure (its owner sees ``conn.closed``).
         """
-        conn = pinned or await self.acquire(identity, fresh=fresh, write=write, patience=patience)
+        conn = pinned or await self.acquire(
+            identity, fresh=fresh, write=write, patience=patience, lane=lane
+        )
         try:
             yield conn
         except BaseException:
@@ -240,18 +252,18 @@ class UpstreamPool:
         self._admission.gone(conn)
 
     def _take(
-        self, identity: Identity | None, *, fresh: bool, write: bool
+        self, identity: Identity | None, *, fresh: bool, kind: LaneKind
     ) -> UpstreamConnection | None:
         """For the caller whose turn it is (there is room): an idle connection running as
         ``identity`` (or an anonymous one to bind), unless it wants a ``fresh`` one; or
         ``None``: a slot counted for a new connection, made by closing the oldest idle
         connection if the limit is reached."""
-        self._admission.hold(write=write)
+        self._admission.hold(kind)
         conn = None if fresh else self._idle.take(identity)
         if conn is None and not fresh and self._can_bind(identity):
             conn = self._idle.take(None)
         if conn is not None:
-            conn.held_by_read = not write
+            _mark_held(conn, kind)
             return conn
         if self._admission.at_limit:
             # There is room, so an idle connection: closed, its slot is the new connection's.
@@ -280,12 +292,13 @@ class UpstreamPool:
         method: str,
         timeout: float | None = None,
         /,
+        lane: Lane = ANONYMOUS,
         **args: object,
     ) -> Message:
         """One call of the proxy's own on a pooled connection running as ``identity``, its
         whole reply (raises UpstreamError); ``timeout`` defaults to ``Timeouts.own_call``,
-        and bounds the wait for a connection too."""
-        return await self._ask(identity, method, timeout, False, args)
+        and bounds the wait for a connection too; ``lane``: as whom it waits its turn."""
+        return await self._ask(identity, method, timeout, False, args, lane)
 
     async def ask_for_write(
         self, identity: Identity | None, method: str, /, **args: object
@@ -302,10 +315,11 @@ class UpstreamPool:
         timeout: float | None,
         write: bool,
         args: dict[str, object],
+        lane: Lane = ANONYMOUS,
     ) -> Message:
         request = idl.encode_call(method, 0, **args)
         bound = timeout or self.timeouts.own_call
-        async with self.connection(identity, write=write, patience=bound) as conn:
+        async with self.connection(identity, write=write, patience=bound, lane=lane) as conn:
             return await exchange(conn, request, method, 0, bound)
 
     async def probe(self) -> bool:
@@ -322,6 +336,12 @@ class UpstreamPool:
         self._closed = True
         while self._idle.count:
             self._discard(self._idle.pop_oldest())
+
+
+def _mark_held(conn: UpstreamConnection, kind: LaneKind) -> None:
+    """``conn`` counts against the reads' share (and the heavy reads') until unheld."""
+    conn.held_by_read = kind != "write"
+    conn.held_by_heavy = kind == "heavy"
 
 
 def set_ugi_succeeded(reply: Message) -> bool:

@@ -2,9 +2,8 @@
 
 Nothing here knows about the cache, the pool or the options: a call gets its connection,
 its bounds (:class:`Timeouts`) and, when its reply is streamed, the client to write to.
-Replies to a buffered client are copied piece by piece as they arrive (a 100 MB reply never
-sits in memory unless it is being kept); a framed client needs the whole length first, so
-its reply is held and sent in one frame.
+A reply is read whole before any of it is sent (see :func:`relay`), so its size is known
+before the client sees a byte.
 """
 
 from __future__ import annotations
@@ -17,19 +16,18 @@ from typing import Protocol
 from proxy.loop import guarded_write
 from proxy.upstream.connection import UpstreamConnection
 from proxy.upstream.errors import (
+    ReplyTooLarge,
     UpstreamClosed,
-    UpstreamError,
     UpstreamProtocolError,
     UpstreamTimeout,
-    started,
 )
 from proxy.wire.binary import MessageType
-from proxy.wire.errors import ProtocolError
-from proxy.wire.framing import Message, MessageReader, Transport
+from proxy.wire.errors import MessageTooLarge, ProtocolError
+from proxy.wire.framing import Message, Transport
 
 READ_SIZE = 256 * 1024
-# Replies up to this size are kept (for the cache) before their last bytes go out (a few
-# hundred microseconds at most); bigger ones after, off the client's clock.
+# Replies up to this size are kept (for the cache) before they go out (a few hundred
+# microseconds at most); bigger ones after, off the client's clock.
 STORE_BEFORE_REPLY_BYTES = 256 * 1024
 
 
@@ -123,21 +121,48 @@ async def exchange(
 ) -> Message:
     """Send one call and read its whole reply (for the proxy's own small calls)."""
     await send(conn, request, timeout)
-    reader = MessageReader(conn.replies.transport, conn.replies.max_size)
-    got = False
+    reply = await read_reply(conn, name, seqid, timeout)
+    if conn.replies.buffered:
+        raise UpstreamProtocolError("metastore sent bytes after its reply")
+    return reply
+
+
+async def read_reply(
+    conn: UpstreamConnection,
+    name: str,
+    seqid: int,
+    timeout: float,
+    deadline: float | None = None,
+) -> Message:
+    """The whole reply to the call ``name``/``seqid`` on ``conn``, each wait for bytes
+    bounded by ``timeout`` (the first by ``deadline`` if given, in the loop's time: a call
+    whose wait began before, see :mod:`proxy.handler.flight`; its reply may have begun in
+    ``conn.replies``). A reply longer than the connection's limit (``conn.replies.max_size``,
+    ``--max-reply-bytes``) raises :class:`ReplyTooLarge` as soon as that shows, holding no
+    more of it than the limit."""
+    reader = conn.replies
+    reader.keep = True
+    got_bytes = reader.buffered > 0
+    checked = False
     while True:
         try:
             message = reader.next_message()
+        except MessageTooLarge as exc:
+            raise ReplyTooLarge(
+                f"the reply to {name} is larger than {reader.max_size} bytes", limit=reader.max_size
+            ) from exc
         except ProtocolError as exc:
-            raise UpstreamProtocolError(str(exc)) from exc
+            raise UpstreamProtocolError(f"bad reply: {exc}") from exc
         if message is not None:
             h = message.header
             check_reply_header(name, seqid, h.name, h.type, h.seqid)
-            if reader.buffered:
-                raise UpstreamProtocolError("metastore sent bytes after its reply")
             return message
-        reader.feed(await receive(conn, timeout, got_bytes=got))
-        got = True
+        header = reader.header
+        if header is not None and not checked:  # (a mismatched reply fails at once)
+            check_reply_header(name, seqid, header.name, header.type, header.seqid)
+            checked = True
+        reader.feed(await receive(conn, timeout, got_bytes=got_bytes, deadline=deadline))
+        got_bytes, deadline = True, None
 
 
 async def relay(
@@ -148,70 +173,32 @@ async def relay(
     timeout: float,
     *,
     on_reply: OnReply | None = None,
-    keep_limit: int = 0,
     hold_exception: bool = False,
     deadline: float | None = None,
 ) -> str | Message:
-    """Copy one reply from ``conn``: streamed to ``client``, or held whole (no ``client``).
+    """Read one reply from ``conn`` whole (:func:`read_reply`), then send it to ``client``,
+    or return it (no ``client``).
+
+    A reply goes out only once whole, so that one past the client's limit can still be
+    answered with an error naming it (:class:`ReplyTooLarge`) instead of a connection cut
+    in the middle of a message (what a Thrift 0.14+ client does past its 100 MiB): the
+    proxy holds at most ``--max-reply-bytes`` per call.
 
     Returns the outcome label once the reply went out, or the whole reply when held.
-    ``on_reply`` gets the whole reply (kept while streaming, while it is no bigger than
-    ``keep_limit``); it runs before the last piece is sent when the reply is small. With
+    ``on_reply`` gets the whole reply; it runs before the reply is sent when the reply is
+    small (so the client's next call can already hit), after it otherwise. With
     ``hold_exception``, an ``EXCEPTION`` reply is not sent but returned whole, for the
     caller to look at (the bridge for removed methods, :mod:`proxy.bridge`). ``deadline``:
-    when the first bytes are due, for a call whose wait began before (see
-    :mod:`proxy.handler.flight`); its reply may have begun in ``conn.replies``.
+    as for :func:`read_reply`.
     """
-    reader = conn.replies
-    stream = client is not None and client.transport is Transport.BUFFERED
-    keep = client is None or not stream or on_reply is not None or hold_exception
-    reader.keep = keep
-    held: list[bytes] = []
-    prefix = bytearray()  # header and the first bytes of the result: enough for the outcome
-    header_length = 0
-    got_bytes = reader.buffered > 0
-    sent = False
-    while True:
-        try:
-            piece = reader.take()
-        except ProtocolError as exc:
-            raise started(UpstreamProtocolError(f"bad reply: {exc}"), sent) from exc
-        if piece is not None:
-            if not header_length:
-                h = piece.header
-                check_reply_header(name, seqid, h.name, h.type, h.seqid)
-                header_length = h.length
-                if hold_exception and h.type == MessageType.EXCEPTION:
-                    client, stream = None, False  # nothing has been sent yet: hold it
-            if len(prefix) < header_length + 3:
-                prefix += piece.data[: header_length + 3 - len(prefix)]
-            if piece.last:
-                whole = piece.message
-                if client is None:
-                    assert whole is not None
-                    return whole
-                small = whole is not None and len(whole.data) <= STORE_BEFORE_REPLY_BYTES
-                if whole is not None and on_reply is not None and small:
-                    await on_reply(whole)
-                if stream:
-                    await client.send(piece.data)
-                else:
-                    await client.send(client.transport.frame(b"".join([*held, piece.data])))
-                if whole is not None and on_reply is not None and not small:
-                    await on_reply(whole)
-                return result_outcome(piece.header.type, bytes(prefix[header_length:]))
-            if stream:
-                assert client is not None
-                if piece.data:
-                    await client.send(piece.data)
-                    sent = True
-                if keep and reader.buffered > keep_limit:
-                    reader.keep = keep = False  # too big to cache: stream it only
-            else:
-                held.append(piece.data)
-        try:
-            chunk = await receive(conn, timeout, got_bytes=got_bytes, deadline=deadline)
-        except UpstreamError as exc:
-            raise started(exc, sent) from exc
-        got_bytes, deadline = True, None
-        reader.feed(chunk)
+    whole = await read_reply(conn, name, seqid, timeout, deadline)
+    kind = whole.header.type
+    if client is None or (hold_exception and kind == MessageType.EXCEPTION):
+        return whole
+    small = len(whole.data) <= STORE_BEFORE_REPLY_BYTES
+    if on_reply is not None and small:
+        await on_reply(whole)
+    await client.send(client.transport.frame(whole.data))
+    if on_reply is not None and not small:
+        await on_reply(whole)
+    return result_outcome(kind, whole.body[:3])

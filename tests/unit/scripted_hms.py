@@ -251,6 +251,8 @@ class ScriptedHMS:
             "get_partitions": self._get_partitions,
             "get_partition": self._get_partition,
             "get_partition_names": self._get_partition_names,
+            "get_partitions_by_filter": self._get_partitions_by_filter,
+            "get_num_partitions_by_filter": self._get_num_partitions_by_filter,
             "add_partition": self._add_partition,
             "drop_partition": self._drop_partition,
             "lock": self._lock,
@@ -505,6 +507,32 @@ class ScriptedHMS:
         if args.max_parts is not None and args.max_parts >= 0:
             found = found[: args.max_parts]
         return idl.result_class("get_partitions")(success=found)
+
+    def _filtered(self, db: str, name: str, text: str | None) -> list[Any]:
+        """The partitions a filter selects: ``""`` all, ``ds >= "V"`` or ``ds = "V"`` (what
+        the tests write; the real grammar is the metastore's)."""
+        have = self._partitions_of(db, name)
+        found = [have[n] for n in sorted(have)]
+        text = (text or "").replace(" ", "")
+        if not text:
+            return found
+        op, value = (">=", text[4:]) if text.startswith("ds>=") else ("=", text[3:])
+        value = value.strip("\"'")
+        if op == ">=":
+            return [p for p in found if p.values[0] >= value]
+        return [p for p in found if p.values[0] == value]
+
+    def _get_partitions_by_filter(self, conn: State, args: Any) -> Any:
+        found = self._filtered(args.db_name, args.tbl_name, args.filter)
+        if args.max_parts is not None and args.max_parts >= 0:
+            found = found[: args.max_parts]
+        return idl.result_class("get_partitions_by_filter")(success=found)
+
+    def _get_num_partitions_by_filter(self, conn: State, args: Any) -> Any:
+        result = idl.result_class("get_num_partitions_by_filter")
+        if (args.db_name, args.tbl_name) not in self.tables:
+            return result(o2=M.NoSuchObjectException(f"{args.db_name}.{args.tbl_name}"))
+        return result(success=len(self._filtered(args.db_name, args.tbl_name, args.filter)))
 
     def _get_partition(self, conn: State, args: Any) -> Any:
         result = idl.result_class("get_partition")

@@ -25,7 +25,11 @@ def test_defaults_are_what_engines_expect() -> None:
     assert options.upstream_read_timeout >= 600
     # A fence lasts at least as long as Hive's lock timeout (hive.txn.timeout, 300 s).
     assert options.lock_fence_seconds >= 300
-    assert options.max_reply_bytes >= 100_000 * 1100  # 100,000 partitions of ~1.1 KB
+    # A reply is never bigger than a Thrift 0.14+ client takes (TConfiguration's 100 MiB).
+    assert options.max_reply_bytes == 100 << 20
+    # Protections a platform team turns on by choice are off; the heavy line is on.
+    assert options.max_partitions_per_call == 0
+    assert options.heavy_partitions > 0 and options.heavy_max_concurrent > 0
 
 
 def test_upstream_is_a_comma_list_in_order() -> None:

@@ -67,7 +67,9 @@ def test_at_the_limit_a_caller_waits_for_a_connection_to_come_back() -> None:
             assert await third is a
             assert len(hms.connections) == 2
             assert waiting(pool) == {"read": 0, "write": 0}
-            waits = pool.metrics.registry.get_sample_value("hmsproxy_upstream_wait_seconds_count")
+            waits = pool.metrics.registry.get_sample_value(
+                "hmsproxy_upstream_wait_seconds_count", {"kind": "read", "group": "default"}
+            )
             assert waits == 1  # only callers that queued are observed
             pool.release(b, reusable=True)
             pool.release(a, reusable=True)
@@ -381,14 +383,14 @@ def test_a_client_hanging_up_mid_reply_frees_the_metastore_connections_slot() ->
             r.hms.add_table(DB, "u")
             split = Split()
             r.hms.script("get_table", split)
-            client = Client(hang_up_after=1)  # takes the first piece of the reply, then goes
+            client = Client(hang_up_after=0)  # gone by the time its reply is whole
             call = request("get_table", 1, dbname=DB, tbl_name=T)
             handled = asyncio.create_task(r.handler.handle(SessionState("a"), call, client))
-            await until(lambda: client.data)
+            await until(lambda: r.hms.calls)  # (half its reply sent)
             split.gate.set()
             with pytest.raises(ClientGone):
                 await handled
-            await until(lambda: r.hms.connections[0].closed)  # half read: not reused
+            await until(lambda: r.hms.connections[0].closed)  # its call failed: not reused
             assert r.active == 0 and r.idle == 0
             # The one slot is free: the next caller gets a connection (a new one).
             reply = await r.call(SessionState("b"), "get_table", 2, dbname=DB, tbl_name="u")

@@ -1,0 +1,245 @@
+"""The protections of proxy.guard in process, on a scripted metastore: calls costed before
+they go, refused over --max-partitions-per-call with the HMS's own text, heavy calls in a
+line of their own, fair turns across tenants, and replies over --max-reply-bytes answered
+with an error instead of a cut connection."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from proxy import idl
+from proxy.guard.answers import PARTITION_LIMIT_SETTING
+from proxy.handler import SessionState
+from proxy.upstream.admission import Lane
+from tests.unit.inprocess import Client, request, rig
+from tests.unit.scripted_hms import Slow, result_of, until
+from tests.unit.test_pool import done_after_turns, pool_on
+
+DB, T, BIG = "db", "t", "big"
+DAYS = [f"2024-01-{d:02d}" for d in range(1, 11)]  # ten partitions
+
+
+def meta_error(reply: bytes) -> str | None:
+    """The MetaException message a reply carries, if it does."""
+    result = result_of(reply)
+    for name in ("o1", "o2", "o3"):
+        error = getattr(result, name, None)
+        if isinstance(error, idl.module().MetaException):
+            return str(error.message)
+    return None
+
+
+def partitions_in(reply: bytes) -> int:
+    return len(result_of(reply).success)
+
+
+def test_a_call_over_the_partition_limit_is_refused_with_the_hms_text_before_it_goes() -> None:
+    async def run() -> None:
+        async with rig(cache=False, max_partitions_per_call=5) as r:
+            r.hms.add_table(DB, T, *DAYS)
+            session = SessionState("10.0.0.1:5000")
+            reply = await r.call(session, "get_partitions", 1, db_name=DB, tbl_name=T, max_parts=-1)
+            text = meta_error(reply)
+            assert text == (
+                f"Number of partitions scanned (=10) on table '{DB}.{T}' exceeds limit (=5). "
+                f"This is controlled on the metastore server by {PARTITION_LIMIT_SETTING}."
+            )
+            assert r.hms.calls["get_partitions"] == 0  # never sent
+            assert r.hms.calls["get_num_partitions_by_filter"] == 1  # what it cost to know
+            assert r.requests("get_partitions", "refused") == 1
+            refused = {"reason": "partitions_per_call", "group": "default"}
+            assert r.sample("hmsproxy_refused_calls_total", **refused) == 1
+            # Asking for at most 5 of them is no more than the limit: sent, answered.
+            reply = await r.call(session, "get_partitions", 2, db_name=DB, tbl_name=T, max_parts=5)
+            assert partitions_in(reply) == 5
+            # By name: exactly as many as named, no count needed.
+            names = [f"ds={d}" for d in DAYS]
+            reply = await r.call(
+                session, "get_partitions_by_names", 3, db_name=DB, tbl_name=T, names=names[:6]
+            )
+            assert meta_error(reply) is not None and "(=6)" in str(meta_error(reply))
+            reply = await r.call(
+                session, "get_partitions_by_names", 4, db_name=DB, tbl_name=T, names=names[:5]
+            )
+            assert partitions_in(reply) == 5
+            # A filter is counted by the metastore: 3 selected pass, 8 do not.
+            for seqid, (text_filter, allowed) in enumerate(
+                ((f'ds >= "{DAYS[7]}"', True), (f'ds >= "{DAYS[2]}"', False)), start=5
+            ):
+                reply = await r.call(
+                    session,
+                    "get_partitions_by_filter",
+                    seqid,
+                    db_name=DB,
+                    tbl_name=T,
+                    filter=text_filter,
+                    max_parts=-1,
+                )
+                assert (meta_error(reply) is None) == allowed, text_filter
+            assert r.hms.calls["get_partitions_by_filter"] == 1
+            # The table's count was asked once (kept for --partition-count-ttl), and each
+            # filter's once.
+            assert r.hms.calls["get_num_partitions_by_filter"] == 3
+
+    asyncio.run(run())
+
+
+def test_a_table_below_every_threshold_costs_one_count_however_many_ask_at_once() -> None:
+    async def run() -> None:
+        async with rig(cache=False, heavy_partitions=100) as r:
+            r.hms.add_table(DB, T, *DAYS)
+            session = SessionState("10.0.0.1:5000")
+            calls = [
+                r.call(
+                    session,
+                    "get_partitions_by_filter",
+                    i,
+                    db_name=DB,
+                    tbl_name=T,
+                    filter=f'ds = "{DAYS[i % 10]}"',
+                    max_parts=-1,
+                )
+                for i in range(8)
+            ]
+            replies = await asyncio.gather(*calls)
+            assert [partitions_in(reply) for reply in replies] == [1] * 8
+            # Ten partitions: no filter of it can be heavy, so no filter is counted.
+            assert r.hms.calls["get_num_partitions_by_filter"] == 1
+
+    asyncio.run(run())
+
+
+def test_a_count_the_metastore_will_not_give_neither_refuses_nor_delays() -> None:
+    async def run() -> None:
+        async with rig(cache=False, max_partitions_per_call=1) as r:
+            session = SessionState("10.0.0.1:5000")
+            reply = await r.call(
+                session, "get_partitions", 1, db_name=DB, tbl_name="gone", max_parts=-1
+            )
+            assert meta_error(reply) is None  # the metastore's own answer (an empty list)
+            assert r.hms.calls["get_partitions"] == 1
+            failed = r.sample("hmsproxy_partition_count_queries_total", result="failed")
+            assert failed == 1
+
+    asyncio.run(run())
+
+
+def test_heavy_calls_wait_in_their_own_line_and_small_calls_pass_them() -> None:
+    async def run() -> None:
+        async with rig(
+            cache=False,
+            heavy_partitions=5,
+            heavy_max_concurrent=1,
+            upstream_max_connections=4,
+            upstream_max_idle=4,
+        ) as r:
+            r.hms.add_table(DB, T, *DAYS)
+            r.hms.add_table(DB, "small")
+            slow = Slow()
+            r.hms.script("get_partitions", slow)
+            first = asyncio.create_task(
+                r.call(
+                    SessionState("a:1"), "get_partitions", 1, db_name=DB, tbl_name=T, max_parts=-1
+                )
+            )
+            await until(lambda: r.hms.calls["get_partitions"] == 1, "the first heavy call sent")
+            assert r.sample("hmsproxy_heavy_calls_in_flight") == 1
+            second = asyncio.create_task(
+                r.call(
+                    SessionState("b:1"), "get_partitions", 2, db_name=DB, tbl_name=T, max_parts=-1
+                )
+            )
+            await until(
+                lambda: r.sample("hmsproxy_upstream_waiting", kind="heavy") == 1,
+                "the second heavy call in line",
+            )
+            # Connections are free: a small call does not wait behind the heavy line.
+            reply = await r.call(SessionState("c:1"), "get_table", 3, dbname=DB, tbl_name="small")
+            assert result_of(reply).success.tableName == "small"
+            assert r.hms.calls["get_partitions"] == 1
+            slow.gate.set()
+            assert partitions_in(await first) == 10
+            assert partitions_in(await second) == 10
+            assert r.sample("hmsproxy_heavy_calls_in_flight") == 0
+            waited = r.sample("hmsproxy_upstream_wait_seconds_count", kind="heavy", group="default")
+            assert waited == 1
+
+    asyncio.run(run())
+
+
+def test_turns_go_round_the_tenants_so_a_backlog_delays_another_by_one_call() -> None:
+    async def run() -> None:
+        async with pool_on(upstream_max_connections=1, upstream_max_idle=1) as (pool, _hms):
+            served: list[str] = []
+
+            async def call(tenant: str, n: int) -> None:
+                conn = await pool.acquire(None, lane=Lane(tenant))
+                served.append(f"{tenant}{n}")
+                await asyncio.sleep(0)  # the call
+                pool.release(conn, reusable=True)
+
+            held = await pool.acquire(None)
+            waiters: list[asyncio.Task[Any]] = []
+            for n in range(5):  # a backlog of one tenant
+                waiters.append(asyncio.create_task(call("a", n)))
+                assert not await done_after_turns(waiters[-1])
+            for tenant in ("b", "c"):  # then one call each of two others
+                waiters.append(asyncio.create_task(call(tenant, 0)))
+                assert not await done_after_turns(waiters[-1])
+            waiters.append(asyncio.create_task(call("b", 1)))
+            assert not await done_after_turns(waiters[-1])
+            pool.release(held, reusable=True)
+            await asyncio.gather(*waiters)
+            assert served == ["a0", "b0", "c0", "a1", "b1", "a2", "a3", "a4"]
+
+    asyncio.run(run())
+
+
+def test_a_reply_over_the_clients_limit_is_an_error_naming_table_and_size_not_retried() -> None:
+    async def run() -> None:
+        limit = 16 << 10
+        async with rig(
+            cache=True, max_reply_bytes=limit, upstream_max_connections=1, upstream_max_idle=1
+        ) as r:
+            r.hms.add_table(
+                DB, BIG, *(f"2024-{m:02d}-{d:02d}" for m in range(1, 13) for d in range(1, 29))
+            )
+            session = SessionState("10.0.0.1:5000")
+            client = Client()
+            call = request("get_partitions", 7, db_name=DB, tbl_name=BIG, max_parts=-1)
+            await r.handler.handle(session, call, client)
+            text = meta_error(client.reply())
+            assert text is not None
+            assert f"table '{DB}.{BIG}'" in text and "(336 partitions)" in text
+            assert f"larger than {limit} bytes" in text
+            assert r.hms.calls["get_partitions"] == 1  # not sent again
+            assert r.requests("get_partitions", "refused") == 1
+            refused = {"reason": "reply_too_large", "group": "default"}
+            assert r.sample("hmsproxy_refused_calls_total", **refused) == 1
+            # Its connection, its reply half read, was closed; the next call gets another.
+            reply = await r.call(
+                session, "get_partitions", 8, db_name=DB, tbl_name=BIG, max_parts=3
+            )
+            assert partitions_in(reply) == 3
+            assert r.hms.connections[0].closed
+
+    asyncio.run(run())
+
+
+def test_a_forwarded_reply_over_the_limit_is_an_error_too() -> None:
+    """A call only forwarded (cache off), answered as it arrives when its reply is small,
+    is handed over to the ordinary way when it is big: the same error."""
+
+    async def run() -> None:
+        async with rig(cache=False, max_reply_bytes=16 << 10) as r:
+            r.hms.add_table(DB, T, comment="x" * (20 << 10))
+            client = Client()
+            await r.handler.handle(
+                SessionState("a:1"), request("get_table", 1, dbname=DB, tbl_name=T), client
+            )
+            text = meta_error(client.reply())
+            assert text is not None and f"table '{DB}.{T}'" in text
+            assert r.hms.calls["get_table"] == 1
+
+    asyncio.run(run())
