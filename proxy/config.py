@@ -443,6 +443,13 @@ class Options:
         "heap); 0: heavy calls are not told apart",
         metavar="N",
     )
+    limits_file: str | None = _opt(
+        None,
+        parse_optional_path,
+        "per-user and per-address rate limits (calls/s, partitions/s) by group, in TOML "
+        "(see docs/protections.md); read again within seconds of a change",
+        metavar="PATH",
+    )
     partition_count_ttl: float = _opt(
         30.0,
         parse_seconds,
@@ -985,6 +992,13 @@ def load(
             problems.append(f"admin_token_file: {exc}")
     problems += tls_problems(options)
     problems += kerberos_problems(options)
+    if options.limits_file:
+        from proxy.guard.limits import LimitsError, parse
+
+        try:
+            parse(Path(options.limits_file).read_text())
+        except (OSError, UnicodeDecodeError, LimitsError) as exc:
+            problems.append(f"limits_file: {options.limits_file}: {exc}")
     if options.redis:
         # Here, not in the option's parser: with redis_mode cluster, redis-py's cluster client
         # takes fewer TLS settings. Imported here so that only a proxy with Redis loads it.

@@ -112,8 +112,11 @@ class ThriftServer:
 
     def protocol(self, loop: asyncio.AbstractEventLoop) -> ClientProtocol:
         """The protocol of a plain connection (``--fast-paths off``: nothing is answered
-        from its callbacks, every call waits in a task)."""
-        return ClientProtocol(self, loop, self._at_once)
+        from its callbacks, every call waits in a task; so too while a rule of
+        ``--limits-file`` counts hits, which are charged the ordinary way)."""
+        return ClientProtocol(
+            self, loop, self._at_once and not self.handler.gate.limits.counts_hits
+        )
 
     def _sweep(self) -> None:
         """The clocks of the connections served by their protocol (see

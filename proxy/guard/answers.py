@@ -58,3 +58,11 @@ def reply_too_large_text(method: str, table: str | None, limit: int, partitions:
         f"{limit} bytes ({limit / (1 << 20):g} MiB), the most a Thrift client takes by "
         f"default (--max-reply-bytes); ask for fewer partitions (a filter, or by name)"
     )
+
+
+def rate_text(tenant: str, group: str, per_second: float, what: str) -> str:
+    who = tenant.replace(":", " ", 1)
+    return (
+        f"hms-cache-proxy: {who} (group {group}) is over its {per_second:g} {what} per "
+        f"second to the metastore (--limits-file); slow down, or retry in a moment"
+    )

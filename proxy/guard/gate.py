@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from proxy import idl
+from proxy import catalog, idl
+from proxy.cache import locks
 from proxy.config import Options
 from proxy.guard import answers
-from proxy.guard.calls import PARTITION_READS, partition_read
+from proxy.guard.calls import PARTITION_READS, PartitionRead, partition_read
 from proxy.guard.counts import UNKNOWN, Estimate, PartitionCounts
-from proxy.handler.session import SessionState
+from proxy.guard.limits import NO_LIMIT, Limits, Rule
 from proxy.memo import BoundedMemo
 from proxy.metrics import Metrics
 from proxy.upstream import UpstreamError, UpstreamPool
@@ -34,6 +37,9 @@ from proxy.upstream.admission import Lane
 from proxy.wire.binary import MessageType
 from proxy.wire.errors import ProtocolError
 from proxy.wire.framing import Message
+
+if TYPE_CHECKING:  # (the handler package imports this module)
+    from proxy.handler.session import SessionState
 
 log = logging.getLogger(__name__)
 
@@ -59,58 +65,126 @@ class Gate:
         self.max_per_call = options.max_partitions_per_call
         self.heavy = options.heavy_partitions if options.heavy_max_concurrent else 0
         self.counts = PartitionCounts(self._count, options.partition_count_ttl)
+        self.limits = Limits(options.limits_file)
         self._users: BoundedMemo[bytes, str] = BoundedMemo(4096, 1 << 20)
 
-    def tenant(self, session: SessionState) -> str:
-        """Who a call is from, for fair shares: ``user:NAME`` or ``address:HOST``."""
+    def user(self, session: SessionState) -> str | None:
+        """The user a client authenticated as, else the one its ``set_ugi`` named."""
         if session.user is not None:
-            return "user:" + session.user
+            return session.user
         identity = session.identity
-        if identity is not None and identity.args:
-            name = self._users.get(identity.args)
-            if name is None:
-                name = _set_ugi_user(identity.args)
-                self._users.put(identity.args, name, len(identity.args) + len(name))
-            if name:
-                return "user:" + name
-        host = str(session.peer).rsplit(":", 1)[0]
-        return "address:" + host
+        if identity is None or not identity.args:
+            return None
+        name = self._users.get(identity.args)
+        if name is None:
+            name = _set_ugi_user(identity.args)
+            self._users.put(identity.args, name, len(identity.args) + len(name))
+        return name or None
 
-    def lane(self, session: SessionState) -> Lane:
-        """The caller's lane, its tenant named only if it has to wait."""
-        return Lane(who=functools.partial(self.tenant, session))
+    def tenant(self, session: SessionState) -> str:
+        """Who a call is from, for fair shares and rates: ``user:NAME`` or
+        ``address:HOST``."""
+        user = self.user(session)
+        return "user:" + user if user is not None else "address:" + address_of(session)
+
+    def _ruled(self, session: SessionState) -> tuple[str, Rule]:
+        """The caller's tenant and the rule of the limits file it falls under."""
+        user, address = self.user(session), address_of(session)
+        rule = self.limits.rule(user, address)
+        return ("user:" + user if user is not None else "address:" + address), rule
 
     async def admit(self, session: SessionState, message: Message) -> Admitted:
         """Whether ``message`` may go to the metastore, and how it waits there."""
-        lane = self.lane(session)
         name = message.header.name
+        limits = self.limits
+        limits.look(time.monotonic())
+        rule = NO_LIMIT
+        if limits.active and _rated(name):
+            tenant, rule = self._ruled(session)
+            lane = Lane(tenant, group=rule.group)
+        else:  # (its tenant named only if it has to wait)
+            lane = Lane(who=functools.partial(self.tenant, session))
+        estimate = UNKNOWN
         threshold = min((t for t in (self.max_per_call, self.heavy) if t), default=0)
-        if not threshold or name not in PARTITION_READS:
-            return Admitted(lane)
-        read = partition_read(message)
-        if read is None:
-            return Admitted(lane)
-        estimate = await self.counts.estimate(read, below=threshold)
-        if self.max_per_call and estimate.exact and estimate.above(self.max_per_call):
-            assert estimate.partitions is not None
-            text = answers.partition_limit_text(estimate.partitions, read.where, self.max_per_call)
-            log.warning(
-                "%s (%s): refused %s of %s: %d partitions, over --max-partitions-per-call %d",
-                session.peer,
-                lane.tenant,
-                name,
-                read.where,
-                estimate.partitions,
-                self.max_per_call,
-            )
-            reply = answers.refusal(name, message.header.seqid, text)
-            return Admitted(lane, estimate, reply, "partitions_per_call")
-        if self.heavy and estimate.above(self.heavy):
-            lane = lane.heavier()
+        read = partition_read(message) if threshold and name in PARTITION_READS else None
+        if read is not None:
+            estimate = await self.counts.estimate(read, below=threshold)
+            refused = self._over_per_call(session, message, lane, read, estimate)
+            if refused is not None:
+                return refused
+            if self.heavy and estimate.above(self.heavy):
+                lane = lane.heavier()
+        if rule.limits:
+            # A read charged before the cache was asked (a rule that counts hits) is not
+            # charged as a call again; its partitions are.
+            calls = 0 if session.charged else 1
+            reason = limits.take(lane.tenant, rule, estimate.partitions or 0, calls=calls)
+            if reason is not None:
+                return self._over_rate(session, message, lane, rule, reason)
         return Admitted(lane, estimate)
+
+    def charge_hit(self, session: SessionState, message: Message) -> Admitted | None:
+        """Under a rule that counts hits: charge a read before the cache is asked (it is
+        then not charged as a call again if it goes on to the metastore); the refusal if
+        the caller's bucket is empty, else ``None``."""
+        session.charged = False
+        limits = self.limits
+        limits.look(time.monotonic())
+        if not limits.counts_hits or not _rated(message.header.name):
+            return None
+        tenant, rule = self._ruled(session)
+        if not (rule.limits and rule.count_hits):
+            return None
+        session.charged = True
+        reason = limits.take(tenant, rule, 0)
+        if reason is None:
+            return None
+        return self._over_rate(session, message, Lane(tenant, group=rule.group), rule, reason)
 
     def refused(self, admitted: Admitted) -> None:
         self.metrics.refused.labels(admitted.reason, admitted.lane.group).inc()
+
+    def _over_rate(
+        self, session: SessionState, message: Message, lane: Lane, rule: Rule, reason: str
+    ) -> Admitted:
+        calls = reason == "calls_rate"
+        per_second = rule.calls_per_second if calls else rule.partitions_per_second
+        what = "calls" if calls else "partitions"
+        text = answers.rate_text(lane.tenant, rule.group, per_second, what)
+        log.info(
+            "%s (%s): refused %s: over %g %s/s",
+            session.peer,
+            lane.tenant,
+            message.header.name,
+            per_second,
+            what,
+        )
+        reply = answers.refusal(message.header.name, message.header.seqid, text)
+        return Admitted(lane, UNKNOWN, reply, reason)
+
+    def _over_per_call(
+        self,
+        session: SessionState,
+        message: Message,
+        lane: Lane,
+        read: PartitionRead,
+        estimate: Estimate,
+    ) -> Admitted | None:
+        if not (self.max_per_call and estimate.exact and estimate.above(self.max_per_call)):
+            return None
+        assert estimate.partitions is not None
+        text = answers.partition_limit_text(estimate.partitions, read.where, self.max_per_call)
+        log.warning(
+            "%s (%s): refused %s of %s: %d partitions, over --max-partitions-per-call %d",
+            session.peer,
+            lane.tenant,
+            message.header.name,
+            read.where,
+            estimate.partitions,
+            self.max_per_call,
+        )
+        reply = answers.refusal(message.header.name, message.header.seqid, text)
+        return Admitted(lane, estimate, reply, "partitions_per_call")
 
     async def _count(self, db: str, table: str, filter_text: str) -> int | None:
         """The metastore's count of ``db.table``'s partitions ``filter_text`` selects."""
@@ -133,6 +207,17 @@ class Gate:
         ok = isinstance(count, int)
         self.metrics.partition_counts.labels("ok" if ok else "failed").inc()
         return count if ok else None
+
+
+def address_of(session: SessionState) -> str:
+    """The client's host, without its port."""
+    return str(session.peer).rsplit(":", 1)[0]
+
+
+def _rated(method: str) -> bool:
+    """Whether a call counts against a rate: a read, not a lock call (see .limits)."""
+    spec = catalog.lookup(method)
+    return spec is not None and spec.retryable and method not in locks.LOCK_METHODS
 
 
 def _set_ugi_user(args: bytes) -> str:

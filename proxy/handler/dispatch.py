@@ -31,7 +31,7 @@ from proxy.guard.gate import Gate
 from proxy.handler import again
 from proxy.handler.again import Again
 from proxy.handler.flight import Flight
-from proxy.handler.forward import Forwarder, Sent, fail, upstream_request
+from proxy.handler.forward import Forwarder, Sent, fail, refuse, upstream_request
 from proxy.handler.identity import Identities
 from proxy.handler.known_calls import KnownCall, KnownCalls
 from proxy.handler.reads import cached_read
@@ -112,11 +112,18 @@ class CallHandler:
             elif spec is not None and spec.kind is Kind.SESSION:
                 outcome = await self.identities.pinned_call(session, message, client)
             elif spec is not None and spec.kind is Kind.CACHEABLE_READ and self.cache is not None:
-                plan = self.plan_of(session, message, spec)
-                served = await cached_read(
-                    self.cache, self.forwarder, session, message, client, spec, plan
-                )
-                outcome, source = served.outcome, served.source
+                refused = self.gate.charge_hit(session, message)
+                if refused is not None:  # (a rule that counts hits, its bucket empty)
+                    outcome = await refuse(self.gate, client, refused)
+                else:
+                    plan = self.plan_of(session, message, spec)
+                    try:
+                        served = await cached_read(
+                            self.cache, self.forwarder, session, message, client, spec, plan
+                        )
+                    finally:
+                        session.charged = False
+                    outcome, source = served.outcome, served.source
             elif self.writes is not None and header.name in locks.LOCK_METHODS:
                 outcome = await self.writes.locking(session, message, client, spec)
             elif self.writes is not None and (spec is None or spec.kind is Kind.WRITE):
@@ -200,8 +207,8 @@ class CallHandler:
         connection at once, its reply to be written with ``write`` as it arrives (see
         :mod:`.flight`); ``None``: no such call, or no such connection at hand, nothing
         done (the call takes :meth:`handle`)."""
-        if not self.forwards_plainly(session, message.header):
-            return None
+        if not self.forwards_plainly(session, message.header) or self.gate.limits.active:
+            return None  # (a call under a rate is charged the ordinary way: proxy.guard)
         if spoils_connection(message):
             return None  # (its connection is closed after it: the ordinary way does that)
         pool = self.pool

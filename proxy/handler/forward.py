@@ -151,9 +151,7 @@ class Forwarder:
         if gate is not None and not write and sent is None:
             admitted = await gate.admit(session, message)
             if admitted.refusal is not None:
-                gate.refused(admitted)
-                await client.send(client.transport.frame(admitted.refusal))
-                return "refused"
+                return await refuse(gate, client, admitted)
         attempt = 0
         while True:
             conn: UpstreamConnection | None = None
@@ -418,6 +416,14 @@ class _Rewritten:
         out = self.rewrite.finish()
         self.sent = True
         await self.client.send(out)
+
+
+async def refuse(gate: Gate, client: ClientChannel, refused: Admitted) -> str:
+    """Answer a call the gate refused, and count it."""
+    assert refused.refusal is not None
+    gate.refused(refused)
+    await client.send(client.transport.frame(refused.refusal))
+    return "refused"
 
 
 async def fail(client: ClientChannel, message: Message, kind: AppErrorType, text: str) -> None:

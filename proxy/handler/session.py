@@ -49,6 +49,9 @@ class SessionState:
     user: str | None = None  # the user it authenticated as (SASL), if it did
     mechanism: str | None = None  # how: GSSAPI (Kerberos) or DIGEST-MD5 (a token)
     principal: str | None = None  # its Kerberos principal, or its token's owner
+    # The call under way was charged against its user's rate before the cache was asked (a
+    # rule that counts hits: proxy.guard.limits); not charged as a call again if it goes on.
+    charged: bool = False
 
     @property
     def cache_identity(self) -> bytes | None:

@@ -6,9 +6,13 @@ with an error instead of a cut connection."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from proxy import idl
+from proxy.guard import gate, limits
 from proxy.guard.answers import PARTITION_LIMIT_SETTING
 from proxy.handler import SessionState
 from proxy.upstream.admission import Lane
@@ -241,5 +245,145 @@ def test_a_forwarded_reply_over_the_limit_is_an_error_too() -> None:
             text = meta_error(client.reply())
             assert text is not None and f"table '{DB}.{T}'" in text
             assert r.hms.calls["get_table"] == 1
+
+    asyncio.run(run())
+
+
+# -- rate limits (--limits-file) --------------------------------------------------------
+
+
+LIMITS = """
+[default]
+calls_per_second = 1000
+
+[groups.adhoc]
+addresses = ["10.0.0.0/8"]
+users = ["alice"]
+calls_per_second = 2
+partitions_per_second = 10
+"""
+
+
+def limits_file(tmp_path: Path, text: str = LIMITS) -> str:
+    path = tmp_path / "limits.toml"
+    path.write_text(text)
+    return str(path)
+
+
+class Clock:
+    """time.monotonic for proxy.guard.limits, moved by hand."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 1000.0
+        monkeypatch.setattr(limits.time, "monotonic", lambda: self.now)
+        monkeypatch.setattr(gate.time, "monotonic", lambda: self.now)
+
+
+def test_a_limits_file_is_checked_whole() -> None:
+    default, groups = limits.parse(LIMITS)
+    assert default.calls_per_second == 1000 and default.group == "default"
+    (adhoc,) = groups
+    assert adhoc.rule.calls_per_second == 2 and adhoc.users == {"alice"}
+    for bad, says in (
+        ("[groups.x]\ncalls_per_second = -1", "0 or more"),
+        ("[groups.x]\ncals_per_second = 1", "unknown keys"),
+        ("[groups.x]\naddresses = ['10.0.0.0/33']", "groups.x"),
+        ("[limits]\n", "unknown sections"),
+        ("[groups.x]\nburst_seconds = 0", "more than 0"),
+        ("not toml [", "not TOML"),
+    ):
+        with pytest.raises(limits.LimitsError, match=says):
+            limits.parse(bad)
+
+
+def test_a_tenant_over_its_calls_per_second_is_refused_and_hits_are_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock(monkeypatch)
+
+    async def run() -> None:
+        async with rig(cache=True, limits_file=limits_file(tmp_path)) as r:
+            for name in ("a", "b", "c", "d"):
+                r.hms.add_table(DB, name)
+            adhoc = SessionState("10.1.2.3:5000")
+            other = SessionState("192.168.0.1:5000")
+            for seqid, name in enumerate(("a", "b"), start=1):  # two misses: the bucket
+                reply = await r.call(adhoc, "get_table", seqid, dbname=DB, tbl_name=name)
+                assert meta_error(reply) is None
+            for seqid in range(3, 13):  # hits cost nothing
+                reply = await r.call(adhoc, "get_table", seqid, dbname=DB, tbl_name="a")
+                assert meta_error(reply) is None
+            reply = await r.call(adhoc, "get_table", 13, dbname=DB, tbl_name="c")
+            text = meta_error(reply)
+            assert text is not None and "address 10.1.2.3 (group adhoc)" in text
+            assert "2 calls per second" in text
+            assert r.hms.calls["get_table"] == 2
+            refused = {"reason": "calls_rate", "group": "adhoc"}
+            assert r.sample("hmsproxy_refused_calls_total", **refused) == 1
+            # Another address is in no group: the default rule, a bucket of its own.
+            reply = await r.call(other, "get_table", 14, dbname=DB, tbl_name="c")
+            assert meta_error(reply) is None
+            clock.now += 0.5  # one call's worth of tokens back
+            reply = await r.call(adhoc, "get_table", 15, dbname=DB, tbl_name="d")
+            assert meta_error(reply) is None
+            # Writes are never refused by a rate (a commit must not be stranded).
+            table = result_of(await r.call(adhoc, "get_table", 16, dbname=DB, tbl_name="a"))
+            reply = await r.call(
+                adhoc, "alter_table", 17, dbname=DB, tbl_name="a", new_tbl=table.success
+            )
+            assert meta_error(reply) is None and r.hms.calls["alter_table"] == 1
+
+    asyncio.run(run())
+
+
+def test_partitions_per_second_let_one_big_fetch_through_then_make_it_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock(monkeypatch)
+
+    async def run() -> None:
+        async with rig(cache=False, limits_file=limits_file(tmp_path)) as r:
+            r.hms.add_table(DB, T, *DAYS)
+            alice = SessionState("127.0.0.1:1", user="alice")
+            args = {"db_name": DB, "tbl_name": T, "max_parts": -1}
+            reply = await r.call(alice, "get_partitions", 1, **args)
+            assert partitions_in(reply) == 10  # a full bucket's worth
+            clock.now += 0.5  # (calls are back; half the partitions are)
+            text = meta_error(await r.call(alice, "get_partitions", 2, **args))
+            assert text is not None and "user alice (group adhoc)" in text
+            assert "10 partitions per second" in text
+            clock.now += 0.6
+            assert partitions_in(await r.call(alice, "get_partitions", 3, **args)) == 10
+
+    asyncio.run(run())
+
+
+def test_a_rule_that_counts_hits_refuses_hits_too_and_reads_the_file_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock(monkeypatch)
+    path = limits_file(tmp_path, LIMITS + "count_hits = true\n")
+
+    async def run() -> None:
+        async with rig(cache=True, limits_file=path) as r:
+            r.hms.add_table(DB, T)
+            adhoc = SessionState("10.1.2.3:5000")
+            replies = [
+                await r.call(adhoc, "get_table", seqid, dbname=DB, tbl_name=T)
+                for seqid in range(1, 4)
+            ]
+            assert [meta_error(reply) is None for reply in replies] == [True, True, False]
+            assert r.hms.calls["get_table"] == 1  # one miss, one hit, one refused
+            # The file changes: the group's rate is raised; seen within CHECK_EVERY.
+            Path(path).write_text(LIMITS.replace("= 2\n", "= 100\n"))
+            clock.now += limits.CHECK_EVERY
+            reply = await r.call(adhoc, "get_table", 4, dbname=DB, tbl_name=T)
+            assert meta_error(reply) is None
+            assert not r.handler.gate.limits.counts_hits
+            # A file that no longer parses leaves the limits in force.
+            Path(path).write_text("[groups.adhoc\n")
+            clock.now += limits.CHECK_EVERY
+            r.handler.gate.limits.look(clock.now)
+            assert r.handler.gate.limits.groups[0].rule.calls_per_second == 100
 
     asyncio.run(run())
