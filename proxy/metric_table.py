@@ -270,6 +270,7 @@ METRICS: tuple[MetricSpec, ...] = (
         ("kind", "group"),
         Wrap.CHILDREN,
         buckets=(*LATENCY_BUCKETS, 60.0, 120.0, 300.0, 600.0),  # (up to the read timeout)
+        start=(LANE_KINDS, ("default",)),
     ),
     MetricSpec(
         "heavy_in_flight",

@@ -493,9 +493,9 @@ def metastore() -> list[Panel]:
         timeseries(
             "Calls waiting for a metastore connection",
             "Calls queued at --upstream-max-connections (reads at all but an eighth of it, the "
-            "rest kept for writes), first come, first served, each for at most its own "
-            "--upstream-read-timeout; and the p99 of their wait. Non-zero for long: the "
-            "metastore is slower than the calls it is asked.",
+            "rest kept for writes; heavy reads at --heavy-max-concurrent), served round-robin "
+            "across users and addresses, each for at most its own --upstream-read-timeout. "
+            "Non-zero for long: the metastore is slower than the calls it is asked.",
             [
                 target(
                     "sum by (kind) (hmsproxy_upstream_waiting" + sel() + ")",
@@ -507,10 +507,14 @@ def metastore() -> list[Panel]:
         ),
         timeseries(
             "Wait for a metastore connection, p99",
-            "How long the calls that had to wait for a connection waited (99th percentile); "
-            "calls that found one at once are not counted.",
+            "How long the calls that had to wait for a connection waited (99th percentile), by "
+            "kind (read, write, heavy) and user group of --limits-file; calls that found one at "
+            "once are not counted.",
             [
-                target(quantile(0.99, "hmsproxy_upstream_wait_seconds"), "p99"),
+                target(
+                    quantile(0.99, "hmsproxy_upstream_wait_seconds", by="kind, group"),
+                    "{{kind}} {{group}}",
+                ),
             ],
             "s",
         ),
@@ -880,11 +884,56 @@ def kerberos() -> list[Panel]:
     ]
 
 
+def protections() -> list[Panel]:
+    refused = "hmsproxy_refused_calls_total"
+    return [
+        timeseries(
+            "Calls refused, by reason and group",
+            "Calls answered with an error instead of being sent on: partitions_per_call (over "
+            "--max-partitions-per-call, the HMS's own MetaException), reply_too_large (over "
+            "--max-reply-bytes), calls_rate and partitions_rate (a bucket of --limits-file). "
+            "Each is logged with the user or address and the table.",
+            [target(f"sum by (reason, group) ({rate(refused)}) > 0", "{{reason}} {{group}}")],
+            "reqps",
+            stack=True,
+        ),
+        timeseries(
+            "Heavy calls",
+            "Calls for more than --heavy-partitions partitions at the metastore now (at most "
+            "--heavy-max-concurrent per proxy) and waiting their turn: they never take the "
+            "connections small calls need.",
+            [
+                target("sum (hmsproxy_heavy_calls_in_flight" + sel() + ")", "in flight"),
+                target(
+                    "sum (hmsproxy_upstream_waiting" + sel(kind="heavy") + ")",
+                    "waiting",
+                ),
+            ],
+            "short",
+            decimals=0,
+        ),
+        timeseries(
+            "Partition counts asked",
+            "get_num_partitions_by_filter calls the proxy made to cost a call for partitions "
+            "before sending it (kept --partition-count-ttl); failed: the metastore would not "
+            "say, and the call went on uncosted.",
+            [
+                target(
+                    f"sum by (result) ({rate('hmsproxy_partition_count_queries_total')})",
+                    "{{result}}",
+                )
+            ],
+            "reqps",
+        ),
+    ]
+
+
 ROWS = [
     ("Overview", overview),
     ("Cache", cache),
     ("Requests and latency", requests),
     ("Metastore (upstream)", metastore),
+    ("Protections", protections),
     ("Redis", redis),
     ("Invalidation and notification log", invalidation),
     ("Clients", clients),
