@@ -15,6 +15,7 @@ from pathlib import Path
 
 from proxy.admin.server import DEGRADED, DOWN, OK, AdminServer
 from proxy.admin.service import AdminService
+from proxy.audit import AuditLog
 from proxy.auth import Kerberos
 from proxy.cache.engine import CacheEngine
 from proxy.cache.keys import Naming
@@ -66,6 +67,7 @@ class Proxy:
     admin: AdminServer | None = None
     kerberos: Kerberos | None = None
     freshness: FreshnessCheck | None = None
+    audit: AuditLog | None = None
     _login_task: asyncio.Task[None] | None = None
     _trim_task: asyncio.Task[None] | None = None
 
@@ -88,6 +90,11 @@ class Proxy:
             cache,
             max_reply_bytes=options.max_reply_bytes,
             check_iceberg_base=options.iceberg_expected_location == "on",
+            audit=(
+                AuditLog(options.audit_log, options.audit_log_max_bytes, options.audit_log_backups)
+                if options.audit_log
+                else None
+            ),
         )
 
         def status_page() -> Callable[[], bytes]:
@@ -121,6 +128,7 @@ class Proxy:
         service = AdminService(handler, cache, metrics, follower)
         listing = ListingService(options, service.calls, cache, metrics)
         proxy.kerberos = kerberos
+        proxy.audit = handler.audit.log if handler.audit is not None else None
         if cache is not None and options.freshness_check_rate > 0:
             proxy.freshness = FreshnessCheck(
                 options, cache, handler.forwarder, pool, metrics, follower
@@ -204,6 +212,8 @@ class Proxy:
         if self.cache is not None:
             await self.cache.store.close()
         await self.http.stop()
+        if self.audit is not None:
+            self.audit.close()  # (the lines of the last second)
 
 
 def ttls_of(options: Options) -> Ttls:

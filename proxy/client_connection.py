@@ -11,6 +11,7 @@ from proxy.wire.framing import Transport
 
 WRITE_SLICE = 1 << 20
 SMALL_MESSAGE = 64 * 1024
+HEAD_BYTES = 256  # (a message's header and its result's first bytes)
 
 _UVLOOP_TCP: dict[type, bool] = {}  # whether a transport's type is uvloop's TCP transport
 
@@ -48,8 +49,14 @@ class ClientConnection:
         self.framed = transport is Transport.FRAMED
         # Replies written at once: a bug after one is told from a bug before it.
         self.answered = 0
+        # Bytes a task has sent, and the first bytes of the last message (for the audit
+        # log: how big a reply was, how many partitions it holds).
+        self.sent = 0
+        self.head = b""
 
     async def send(self, data: bytes) -> None:
+        self.sent += len(data)
+        self.head = data[:HEAD_BYTES]
         self._write(data)
         await self.writer.drain()
 
@@ -86,6 +93,8 @@ class ClientConnection:
         writer = self.writer
         if self.transport is Transport.FRAMED:
             head = self.transport.prefix(len(head) + len(rest)) + head
+        self.sent += len(head) + len(rest)
+        self.head = head + bytes(rest[:HEAD_BYTES])
         if len(rest) <= SMALL_MESSAGE:  # one write, one system call
             self._write(head + rest)
             await writer.drain()

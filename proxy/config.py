@@ -125,6 +125,11 @@ def parse_optional_path(text: Any) -> str | None:
     return text or None
 
 
+def parse_audit_target(text: Any) -> str | None:
+    value = str(text).strip()
+    return None if value.lower() in ("", "none", "off") else value
+
+
 def parse_optional_principal(text: Any) -> str | None:
     text = str(text).strip()
     if text and (text.count("@") > 1 or text.startswith(("@", "/"))):
@@ -449,6 +454,25 @@ class Options:
         "per-user and per-address rate limits (calls/s, partitions/s) by group, in TOML "
         "(see docs/protections.md); read again within seconds of a change",
         metavar="PATH",
+    )
+    audit_log: str | None = _opt(
+        None,
+        parse_audit_target,
+        "one JSON line per call (time, user, address, method, table, partitions, bytes, "
+        "outcome, cache, latency): stdout, or a file rotated by size; none: off",
+        metavar="stdout|PATH",
+    )
+    audit_log_max_bytes: int = _opt(
+        100 << 20,
+        parse_size,
+        "size at which the audit log file is rotated",
+        metavar="BYTES",
+    )
+    audit_log_backups: int = _opt(
+        5,
+        parse_count,
+        "rotated audit log files kept (audit.log.1 the newest)",
+        metavar="N",
     )
     partition_count_ttl: float = _opt(
         30.0,
@@ -992,6 +1016,10 @@ def load(
             problems.append(f"admin_token_file: {exc}")
     problems += tls_problems(options)
     problems += kerberos_problems(options)
+    if options.audit_log and options.audit_log != "stdout":
+        folder = Path(options.audit_log).parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            problems.append(f"audit_log: cannot write in {folder}")
     if options.limits_file:
         from proxy.guard.limits import LimitsError, parse
 

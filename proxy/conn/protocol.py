@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from enum import Enum
 from typing import TYPE_CHECKING, cast
 
@@ -259,6 +260,8 @@ class ClientProtocol(asyncio.Protocol):
         assert transport is not None
         if self.server.stopping:
             return None
+        audit = self.server.handler.audit
+        started = time.perf_counter() if audit is not None else 0.0
         try:
             # The call it answered last, asked again (compared in place), first: an engine's
             # kept connection repeats its calls. (Again.answer checks the transport.)
@@ -266,6 +269,8 @@ class ClientProtocol(asyncio.Protocol):
             if again is not None and again.answer(data, transport):
                 if self.state is not None:
                     self.state.calls += 1
+                if audit is not None:
+                    audit.again(self.state, transport, again, started)
                 return AtOnce.ANSWERED
             if self.state is None:  # a connection that has said nothing before
                 known_calls = self.server.handler.known
@@ -275,6 +280,8 @@ class ClientProtocol(asyncio.Protocol):
                     again = known.again if known is not None else None
                     if again is not None and again.answer(data, transport):
                         self.again_with(again)
+                        if audit is not None:
+                            audit.again(None, transport, again, started)
                         return AtOnce.ANSWERED
         except ClientGone as exc:  # (its transport closed)
             return self._ended_at_once(exc)
@@ -344,10 +351,14 @@ class ClientProtocol(asyncio.Protocol):
             known = known_calls.get(state, repeat[0])
             if known is not None:
                 again = known.again
+                audit = handler.audit
+                started = time.perf_counter() if audit is not None else 0.0
                 if again is not None and again is not self.again and again.answer(data, transport):
                     self.again_with(again)
+                    if audit is not None:
+                        audit.again(state, transport, again, started)
                     return AtOnce.ANSWERED
-                hit = handler.serve_known_now(known, repeat[1], write)
+                hit = handler.serve_known_now(known, repeat[1], write, state)
         if hit is False:  # not known by its bytes (None: known, and not answered at once)
             message = whole_message(data, client.transport, self.server.options.max_request_bytes)
             if message is None:

@@ -21,15 +21,17 @@ from collections.abc import Callable
 from typing import Literal
 
 from proxy import bridge, catalog, idl
+from proxy.audit import AuditLog
 from proxy.cache import locks
 from proxy.cache.engine import CacheEngine
 from proxy.cache.l1 import Item
 from proxy.cache.plan import ReadPlan
 from proxy.catalog import Kind, MethodSpec
-from proxy.guard.calls import PARTITION_READS
+from proxy.guard.calls import PARTITION_READS, table_named
 from proxy.guard.gate import Gate
 from proxy.handler import again
 from proxy.handler.again import Again
+from proxy.handler.audited import CallAudit
 from proxy.handler.flight import Flight
 from proxy.handler.forward import Forwarder, Sent, fail, refuse, upstream_request
 from proxy.handler.identity import Identities
@@ -64,6 +66,7 @@ class CallHandler:
         *,
         max_reply_bytes: int,
         check_iceberg_base: bool = True,
+        audit: AuditLog | None = None,
     ) -> None:
         self.pool = pool
         self.metrics = metrics
@@ -73,6 +76,8 @@ class CallHandler:
         # turn at the metastore as its tenant (proxy.guard).
         self.gate = Gate(pool.options, pool, metrics)
         self.forwarder = Forwarder(pool, metrics, pool.timeouts, keep_limit, self.gate)
+        # One line per call (--audit-log), from wherever it is answered.
+        self.audit = CallAudit(audit, self.gate) if audit is not None else None
         self.identities = Identities(pool, self.forwarder)
         self._plain: dict[str, bool] = {}  # see forwards_plainly
         # Calls known by their bytes, with their plans and what answers them again.
@@ -102,6 +107,9 @@ class CallHandler:
         spec = catalog.lookup(header.name)
         started = time.perf_counter() if sent is None else sent.started
         source = "upstream"
+        audit = self.audit
+        sent_before = getattr(client, "sent", 0) if audit is not None else 0
+        outcome = "internal_error"
         try:
             if sent is not None:
                 outcome = await self._forward(session, message, client, spec, sent)
@@ -131,18 +139,27 @@ class CallHandler:
             else:
                 outcome = await self._forward(session, message, client, spec)
         except ClientGone:
-            self.count_call(label, "upstream_error")
+            self.count_call(label, outcome := "upstream_error")
             raise
         except ConnectionError as exc:  # the client's side, while it was being answered
-            self.count_call(label, "client_gone")
+            self.count_call(label, outcome := "client_gone")
             raise ClientGone(f"client connection lost: {exc}") from exc
         except Exception:
-            self.count_call(label, "internal_error")
+            self.count_call(label, outcome := "internal_error")
             log.exception("%s: internal error answering %s", session.peer, header.name)
             await fail(
                 client, message, AppErrorType.INTERNAL_ERROR, "hms-cache-proxy internal error"
             )
             return
+        finally:
+            if audit is not None:
+                cacheable = (
+                    self.cache is not None and spec is not None and spec.kind is Kind.CACHEABLE_READ
+                )
+                took = time.perf_counter() - started
+                audit.handled(
+                    session, message, outcome, source, cacheable, took, client, sent_before
+                )
         self.count_call(label, outcome, source, time.perf_counter() - started)
 
     def count_call(
@@ -234,6 +251,29 @@ class CallHandler:
             landed,
             pool.timeouts.read,
             look_at_exceptions=message.header.name in bridge.REPLACEMENTS,
+            audit=(
+                functools.partial(self._forwarded_at_once, session, message)
+                if self.audit is not None
+                else None
+            ),
+        )
+
+    def _forwarded_at_once(
+        self, session: SessionState, message: Message, reply: bytes, outcome: str, took: float
+    ) -> None:
+        assert self.audit is not None
+        where = table_named(message)
+        db, _, table = where.partition(".") if where else (None, "", "")
+        self.audit.log.record(
+            *self.audit.who(session),
+            message.header.name,
+            db,
+            table or None,
+            None,
+            len(reply),
+            outcome,
+            "none",
+            took,
         )
 
     def serve_hit_now(
@@ -284,8 +324,13 @@ class CallHandler:
                 self._written(header.name, assembled.reply, "ok", write, started)
             finally:  # (after the write: the client has the reply meanwhile)
                 cache.count_assembled(assembled)
+            if self.audit is not None:
+                took = time.perf_counter() - started
+                self.audit.answered(
+                    session, header.name, assembled.table, assembled.reply, "ok", "hit", took
+                )
             return True
-        return self._answer_now(cache, header.seqid, item, write, started)
+        return self._answer_now(cache, header.seqid, item, write, started, session)
 
     def plan_of(
         self,
@@ -303,7 +348,11 @@ class CallHandler:
         return known.plan(session, message, make, repeat)
 
     def serve_known_now(
-        self, call: KnownCall, seqid: int, write: Callable[[bytes], None]
+        self,
+        call: KnownCall,
+        seqid: int,
+        write: Callable[[bytes], None],
+        session: SessionState | None = None,
     ) -> Item | None:
         """:meth:`serve_hit_now` for a call known by its bytes but for the seqid, kept with
         its plan (:meth:`.known_calls.KnownCalls.get` found it for the session): no scan,
@@ -321,7 +370,7 @@ class CallHandler:
         except Exception:
             log.debug("no immediate answer to a known call", exc_info=True)
             return None
-        return self._answer_now(cache, seqid, item, write, started)
+        return self._answer_now(cache, seqid, item, write, started, session)
 
     def again(self, item: Item, request: bytes, transport: Transport) -> Again | None:
         """What answers ``request`` again, on its connection or any other (its bytes but for
@@ -340,6 +389,7 @@ class CallHandler:
         item: Item | None,
         write: Callable[[bytes], None],
         started: float,
+        session: SessionState | None = None,
     ) -> Item | None:
         if item is None:
             return None
@@ -352,10 +402,14 @@ class CallHandler:
                 log.debug("no immediate answer to %s", counted.method, exc_info=True)
                 return None
         head, rest, outcome = item.answer
+        reply = head + _I32.pack(seqid) + rest
         try:
-            self._written(counted.method, head + _I32.pack(seqid) + rest, outcome, write, started)
+            self._written(counted.method, reply, outcome, write, started)
         finally:  # (after the write: the client has the reply meanwhile)
             cache.count_now(item)
+        if self.audit is not None:
+            took = time.perf_counter() - started
+            self.audit.answered(session, counted.method, counted.table, reply, outcome, "hit", took)
         return item
 
     def _written(

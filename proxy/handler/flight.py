@@ -44,6 +44,7 @@ class Flight:
     ``landed``)."""
 
     __slots__ = (
+        "audit",
         "conn",
         "count_call",
         "framed",
@@ -76,6 +77,7 @@ class Flight:
         timeout: float,
         *,
         look_at_exceptions: bool = False,
+        audit: Callable[[bytes, str, float], None] | None = None,
     ) -> None:
         self.conn = conn
         self.protocol = protocol
@@ -88,6 +90,7 @@ class Flight:
         self.landed = landed
         # A removed method's exception is looked at the ordinary way (proxy.bridge).
         self.look_at_exceptions = look_at_exceptions
+        self.audit = audit  # (its reply, outcome and time, for the audit log)
         self.started = time.perf_counter()
         loop = asyncio.get_running_loop()
         self.loop = loop
@@ -169,6 +172,8 @@ class Flight:
         if not gone:  # (counted as the ordinary way counts them)
             self.metrics.upstream_requests.labels(label, "ok").inc()
             self.metrics.upstream_duration.labels(label).observe(took)
+        if self.audit is not None:
+            self.audit(data, outcome, took)
         self.landed(gone)
 
     def ended(self) -> None:

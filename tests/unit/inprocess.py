@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy import idl
+from proxy.audit import AuditLog
 from proxy.cache.engine import CacheEngine
 from proxy.cache.planner import Planner, Ttls
 from proxy.cache.store import MemoryStore
@@ -36,6 +37,8 @@ class Client:
         self.data = bytearray()
         self.sends = 0
         self.hang_up_after = hang_up_after
+        self.sent = 0
+        self.head = b""
 
     async def send(self, data: bytes) -> None:
         self._take(bytes(data))
@@ -48,6 +51,8 @@ class Client:
             raise ConnectionResetError("the client hung up")
         self.sends += 1
         self.data += data
+        self.sent += len(data)  # (as ClientConnection counts them, for the audit log)
+        self.head = data[:256]
 
     def replies(self) -> list[bytes]:
         return split_messages(bytes(self.data), framed=self.transport is Transport.FRAMED)
@@ -147,10 +152,17 @@ async def rig(
             max_entry_bytes=opts.cache_max_entry_bytes,
             stale_window=stale_window,
         )
-    handler = CallHandler(pool, metrics, engine, max_reply_bytes=opts.max_reply_bytes)
+    audit = (
+        AuditLog(opts.audit_log, opts.audit_log_max_bytes, opts.audit_log_backups)
+        if opts.audit_log
+        else None
+    )
+    handler = CallHandler(pool, metrics, engine, max_reply_bytes=opts.max_reply_bytes, audit=audit)
     try:
         yield Rig(hms, opts, metrics, pool, store, engine, handler)
     finally:
+        if audit is not None:
+            audit.close()
         await pool.close()
         await hms.close()
         if build is not None and engine is not None:

@@ -1,0 +1,115 @@
+"""Who asked what, for the audit log (:mod:`proxy.audit`), at each place a call is answered:
+the awaited way (:meth:`.CallHandler.handle`), a hit or a forward answered at once, an
+``Again``. Only made when ``--audit-log`` is on; each place asks it with what it already
+holds (a plan's table, the reply it wrote), so a hit is not decoded to be logged."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from proxy.audit import AuditLog, partitions_in
+from proxy.cache.keys import TableRef
+from proxy.guard.calls import table_named
+from proxy.guard.gate import Gate, address_of
+from proxy.handler.again import Again
+from proxy.handler.session import SessionState, peer_name
+from proxy.wire.framing import Message, Transport
+
+
+class CallAudit:
+    def __init__(self, log: AuditLog, gate: Gate) -> None:
+        self.log = log
+        self.gate = gate  # (who a session's user is: its memo of set_ugi names)
+
+    def who(self, session: SessionState | None, transport: Any = None) -> tuple[str | None, str]:
+        if session is None:  # (a connection answered before it needed a session)
+            name = peer_name(transport) if transport is not None else "?"
+            return None, name.rsplit(":", 1)[0]
+        return self.gate.user(session), address_of(session)
+
+    def handled(
+        self,
+        session: SessionState,
+        message: Message,
+        outcome: str,
+        source: str | None,
+        cacheable: bool,
+        took: float,
+        client: Any,
+        sent_before: int,
+    ) -> None:
+        """A call answered the awaited way; ``client``'s counts of what it was sent."""
+        name = message.header.name
+        where = table_named(message)
+        db, _, table = where.partition(".") if where else (None, "", "")
+        head = getattr(client, "head", b"")
+        if getattr(client, "transport", None) is Transport.FRAMED:
+            head = head[4:]
+        size = getattr(client, "sent", 0) - sent_before
+        user, address = self.who(session)
+        cache = "hit" if source == "cache" else "miss" if cacheable else "none"
+        self.log.record(
+            user,
+            address,
+            name,
+            db,
+            table or None,
+            partitions_in(name, head) if size else None,
+            size,
+            outcome,
+            cache,
+            took,
+        )
+
+    def answered(
+        self,
+        session: SessionState | None,
+        method: str,
+        table: TableRef | None,
+        reply: bytes | memoryview,
+        outcome: str,
+        cache: str,
+        took: float,
+        transport: Any = None,
+    ) -> None:
+        """A call answered at once (a hit, assembled or whole; a forward)."""
+        user, address = self.who(session, transport)
+        self.log.record(
+            user,
+            address,
+            method,
+            table.db if table is not None else None,
+            table.table if table is not None else None,
+            partitions_in(method, reply),
+            len(reply),
+            outcome,
+            cache,
+            took,
+        )
+
+    def again(
+        self, session: SessionState | None, transport: Any, again: Again, started: float
+    ) -> None:
+        """A call an ``Again`` answered (its reply: the item's, with the caller's seqid)."""
+        item = again.item()
+        parts = item.answer if item is not None else None
+        if parts is None:
+            return
+        head, rest, outcome = parts
+        reply = head + b"\x00\x00\x00\x00" + rest[:64]
+        user, address = self.who(session, transport)
+        table = again.counted.table
+        method = again.counted.method
+        self.log.record(
+            user,
+            address,
+            method,
+            table.db if table is not None else None,
+            table.table if table is not None else None,
+            partitions_in(method, reply),
+            len(head) + 4 + len(rest),
+            outcome,
+            "hit",
+            time.perf_counter() - started,
+        )
