@@ -169,6 +169,8 @@ class Forwarder:
                     )
             except ReplyTooLarge as exc:
                 # (Its connection was closed with its reply half read; not sent again.)
+                if session.lost_pin():  # (the client's own, with its state: as any failure)
+                    raise ClientGone(f"pinned metastore connection failed: {exc}") from exc
                 return await self._too_large(session, client, message, exc, admitted)
             except UpstreamError as exc:
                 if conn is None:  # no connection to be had

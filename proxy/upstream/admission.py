@@ -172,9 +172,12 @@ class Admission:
         return "heavy" if lane.heavy and self.heavy_limit else "read"
 
     def read_at_once(self) -> bool:
-        """Whether a (small) read may take a connection without a turn: no one waits, and
-        reads hold fewer than their share."""
-        return not self._waiting and self._reads_held < self.read_share
+        """Whether a (small) read may take a connection without a turn: reads hold fewer
+        than their share, and no one waits who could take one (heavy calls at their own
+        limit do not hold small ones up)."""
+        if self._reads_held >= self.read_share:
+            return False
+        return not self._waiting or self._first_in_line() is None
 
     async def wait_turn(
         self,
