@@ -96,9 +96,9 @@ def main() -> None:
         audited.stop()  # (its last lines written)
         proxies.remove(audited)
         lines = audit_file.read_bytes().splitlines()
-        print(
-            f"\n{len(lines)} audit lines, {sum(map(len, lines)) / max(1, len(lines)):.0f} bytes each"
-        )
+        size = sum(map(len, lines)) / max(1, len(lines))
+        print(f"\n{len(lines)} audit lines, {size:.0f} bytes each")
+        print(f"a line made and written, in process: {line_cost(logs):.2f} us")
     finally:
         for proxy in proxies:
             proxy.stop()
