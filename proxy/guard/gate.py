@@ -43,9 +43,6 @@ if TYPE_CHECKING:  # (the handler package imports this module)
 
 log = logging.getLogger(__name__)
 
-# The proxy's own questions (partition counts) wait their turn as this tenant.
-PROXY_LANE = Lane("proxy:counts")
-
 
 @dataclass(frozen=True, slots=True)
 class Admitted:
@@ -189,11 +186,12 @@ class Gate:
     async def _count(self, db: str, table: str, filter_text: str) -> int | None:
         """The metastore's count of ``db.table``'s partitions ``filter_text`` selects."""
         try:
-            reply = await self.pool.ask(
+            # On the connections kept for writes: one COUNT query, asked so that the calls
+            # waiting on it are refused or lined up promptly, never behind the reads in line
+            # (at most one at a time per table and filter, kept --partition-count-ttl).
+            reply = await self.pool.ask_for_write(
                 None,
                 "get_num_partitions_by_filter",
-                None,
-                lane=PROXY_LANE,
                 db_name=db,
                 tbl_name=table,
                 filter=filter_text,

@@ -76,6 +76,7 @@ class MetastoreServer(Service):
         txn_timeout: float = 300.0,
         kerberos: Realm | None = None,
         protection: str = "authentication",
+        heap: str = "768m",
     ) -> None:
         if protection not in PROTECTIONS:
             raise ValueError(f"protection: one of {PROTECTIONS}, not {protection!r}")
@@ -98,6 +99,7 @@ class MetastoreServer(Service):
         self.warehouse = workdir / "warehouse"
         self.caller_log = workdir / "callers.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.heap = heap  # -Xmx: what a fetch of many partitions runs out of
 
     @property
     def uri(self) -> str:
@@ -198,7 +200,7 @@ class MetastoreServer(Service):
         classes = java.compiled_helpers()
         return [
             "java",
-            "-Xmx768m",
+            f"-Xmx{self.heap}",
             "-XX:+UseSerialGC",
             # The client compiler only: a test's metastore lives seconds to minutes, and
             # starts in ~3.7 s instead of ~6 s (the server compiler's work is for long runs).
