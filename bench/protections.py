@@ -43,7 +43,9 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=20.0, help="at least, each run")
     parser.add_argument("--heap", default="768m", help="the metastore's -Xmx")
+    parser.add_argument("--pause", type=float, default=1.0, help="a small caller's, between calls")
     parser.add_argument("--runs", default="quiet,protected,unprotected")
+    parser.add_argument("--timeout", type=float, default=300.0, help="a client's, per call")
     args = parser.parse_args()
     hms = MetastoreServer(DATA / f"hms-huge-{args.partitions}", heap=args.heap)
     hms.start()
@@ -74,6 +76,8 @@ def main() -> None:
                 heavy=0 if run == "quiet" else args.heavy,
                 small=args.small,
                 seconds=args.seconds,
+                pause=args.pause,
+                timeout=args.timeout,
             )
         finally:
             proxy.stop()

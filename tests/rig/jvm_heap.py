@@ -38,6 +38,8 @@ class HeapWatch:
         self._process.terminate()
         self._process.wait(10)
         self._thread.join(10)
+        if self._process.stdout is not None:
+            self._process.stdout.close()
 
     def _read(self) -> None:
         assert self._process is not None and self._process.stdout is not None

@@ -104,7 +104,7 @@ def run_load(
     heavy: int,
     small: int,
     seconds: float,
-    pause: float = 0.2,
+    pause: float = 1.0,
     users: int = 10,
     timeout: float = 900.0,
 ) -> LoadResult:
