@@ -45,11 +45,22 @@ def quoted(text: str | None) -> str:
     return "null" if text is None else _quote(text)
 
 
+# Their replies hold partition specs (a table's partitions grouped), not partitions.
+_SPECS = frozenset(
+    {
+        "get_partitions_pspec",
+        "get_part_specs_by_filter",
+        "get_partitions_spec_by_expr",
+        "get_partitions_with_specs",
+    }
+)
+
+
 def partitions_in(method: str, reply: bytes | memoryview) -> int | None:
     """How many partition objects a reply to ``method`` holds, from its first bytes (its
     result's list, or the list first in its result's struct); ``None``: not a call for
-    partitions, or an exception."""
-    if method not in PARTITION_READS:
+    partitions (or one answered in specs), or an exception."""
+    if method not in PARTITION_READS or method in _SPECS:
         return None
     header = parse_header(reply, 0, min(len(reply), 4096))
     if header is None:
@@ -82,6 +93,7 @@ class AuditLog:
         self._file: IO[bytes] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self.written = 0  # lines
+        self._quiet_until = 0.0
         if self.path is not None:
             self._file = open(self.path, "ab")  # noqa: SIM115  # (open for the proxy's life)
 
@@ -132,20 +144,30 @@ class AuditLog:
         self._lines.clear()
         self._held = 0
         try:
-            if self._file is None:
+            if self.path is None:
                 sys.stdout.buffer.write(data)
                 sys.stdout.buffer.flush()
                 return
+            if self._file is None:  # (a rotation failed: opened again, or lines are lost)
+                self._file = open(self.path, "ab")  # noqa: SIM115
             self._file.write(data)
             self._file.flush()
             if self._file.tell() >= self.max_bytes:
                 self._rotate()
-        except OSError as exc:  # (a full disk must not stop the proxy: lines are lost)
-            log.error("audit log: could not write %d bytes: %s", len(data), exc)
+        except (OSError, ValueError) as exc:  # (a full disk must not stop the proxy)
+            self._lost(len(data), exc)
+
+    def _lost(self, size: int, exc: Exception) -> None:
+        """Lines could not be written: said in the log at most once a minute."""
+        now = time.monotonic()
+        if now >= self._quiet_until:
+            self._quiet_until = now + 60
+            log.error("audit log: lines lost (%d bytes): %s", size, exc)
 
     def _rotate(self) -> None:
         assert self.path is not None and self._file is not None
         self._file.close()
+        self._file = None  # (opened again at the next write, whatever happens here)
         for n in range(self.backups - 1, 0, -1):
             older = self.path.with_name(f"{self.path.name}.{n}")
             if older.exists():

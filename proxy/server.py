@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 
 from proxy.client_connection import WRITE_SLICE
 from proxy.config import Options
@@ -43,7 +44,12 @@ class ThriftServer:
         self.handler = handler
         self.metrics = metrics
         self.acceptor = acceptor  # SASL (--client-auth kerberos): who each engine is
-        self._at_once = options.fast_paths != "off"
+        self._fast_paths = options.fast_paths != "off"
+        # A rule of --limits-file that counts hits charges them the ordinary way: no call
+        # is answered from a callback while one is in force (on every connection, as soon
+        # as the file says so).
+        self._at_once = self._fast_paths and not handler.gate.limits.counts_hits
+        handler.gate.limits.watchers.append(self._limits_changed)
         # What every connection is held to; one over the limit, to less (its call's header
         # is all it is read for, within a few seconds).
         self.limits = Limits.of(
@@ -114,9 +120,14 @@ class ThriftServer:
         """The protocol of a plain connection (``--fast-paths off``: nothing is answered
         from its callbacks, every call waits in a task; so too while a rule of
         ``--limits-file`` counts hits, which are charged the ordinary way)."""
-        return ClientProtocol(
-            self, loop, self._at_once and not self.handler.gate.limits.counts_hits
-        )
+        return ClientProtocol(self, loop, self._at_once)
+
+    def _limits_changed(self) -> None:
+        at_once = self._fast_paths and not self.handler.gate.limits.counts_hits
+        if at_once != self._at_once:
+            self._at_once = at_once
+            for conn in self._connections:
+                conn.at_once = at_once
 
     def _sweep(self) -> None:
         """The clocks of the connections served by their protocol (see
@@ -131,6 +142,9 @@ class ThriftServer:
                 due = conn.machine.due()
                 if due is not None and due <= now:
                     conn.tick(now)
+            # The limits file, read again if it changed, even while every call is a hit
+            # answered from a callback (which never looks).
+            self.handler.gate.limits.look(time.monotonic())
         except Exception:  # (a bug: logged; the clock goes on for the others)
             log.exception("the clocks of client connections")
         finally:

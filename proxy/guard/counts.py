@@ -102,13 +102,9 @@ class PartitionCounts:
             future.set_result(result)
         # Unknown is remembered too (a table that is not there, a filter the metastore
         # cannot count): asked again after the ttl, not on every call.
-        self._known.put(key, (result, time.monotonic() + self.ttl), len(filter_text) + 64)
+        size = len(db) + len(table) + len(filter_text) + 64
+        self._known.put(key, (result, time.monotonic() + self.ttl), size)
         return result
-
-    def learned(self, db: str, table: str, partitions: int) -> None:
-        """A whole table's partitions were just fetched: their number is its count."""
-        key = (db.lower(), table.lower(), "")
-        self._known.put(key, (partitions, time.monotonic() + self.ttl), 64)
 
 
 def _capped(count: int, cap: int) -> int:

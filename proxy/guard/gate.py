@@ -17,6 +17,7 @@ Its tenant, for fair shares, is the user it authenticated as, else the user its
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import time
@@ -37,6 +38,9 @@ from proxy.upstream.admission import Lane
 from proxy.wire.binary import MessageType
 from proxy.wire.errors import ProtocolError
 from proxy.wire.framing import Message
+
+COUNTS_AT_ONCE = 2  # partition counts at the metastore at once (see _count)
+SET_UGI_DECODED = 64 * 1024  # set_ugi arguments read for a user name, at most
 
 if TYPE_CHECKING:  # (the handler package imports this module)
     from proxy.handler.session import SessionState
@@ -63,6 +67,7 @@ class Gate:
         self.heavy = options.heavy_partitions if options.heavy_max_concurrent else 0
         self.counts = PartitionCounts(self._count, options.partition_count_ttl)
         self.limits = Limits(options.limits_file)
+        self._counting = asyncio.Semaphore(COUNTS_AT_ONCE)
         self._users: BoundedMemo[bytes, str] = BoundedMemo(4096, 1 << 20)
 
     def user(self, session: SessionState) -> str | None:
@@ -101,8 +106,16 @@ class Gate:
             lane = Lane(tenant, group=rule.group)
         else:  # (its tenant named only if it has to wait)
             lane = Lane(who=functools.partial(self.tenant, session))
+        if rule.limits and not session.charged:
+            # The call first, before it costs the metastore a count: a read charged before
+            # the cache was asked (a rule that counts hits) is not charged as a call again.
+            reason = limits.take(lane.tenant, rule, 0)
+            if reason is not None:
+                return self._over_rate(session, message, lane, rule, reason)
         estimate = UNKNOWN
         threshold = min((t for t in (self.max_per_call, self.heavy) if t), default=0)
+        if rule.partitions_per_second:
+            threshold = min(threshold, 1) if threshold else 1  # (every fetch is costed)
         read = partition_read(message) if threshold and name in PARTITION_READS else None
         if read is not None:
             estimate = await self.counts.estimate(read, below=threshold)
@@ -111,13 +124,10 @@ class Gate:
                 return refused
             if self.heavy and estimate.above(self.heavy):
                 lane = lane.heavier()
-        if rule.limits:
-            # A read charged before the cache was asked (a rule that counts hits) is not
-            # charged as a call again; its partitions are.
-            calls = 0 if session.charged else 1
-            reason = limits.take(lane.tenant, rule, estimate.partitions or 0, calls=calls)
-            if reason is not None:
-                return self._over_rate(session, message, lane, rule, reason)
+            if rule.partitions_per_second and estimate.partitions:
+                reason = limits.take(lane.tenant, rule, estimate.partitions, calls=0)
+                if reason is not None:
+                    return self._over_rate(session, message, lane, rule, reason)
         return Admitted(lane, estimate)
 
     def charge_hit(self, session: SessionState, message: Message) -> Admitted | None:
@@ -132,8 +142,8 @@ class Gate:
         tenant, rule = self._ruled(session)
         if not (rule.limits and rule.count_hits):
             return None
-        session.charged = True
         reason = limits.take(tenant, rule, 0)
+        session.charged = reason is None  # (reset when the call is answered)
         if reason is None:
             return None
         return self._over_rate(session, message, Lane(tenant, group=rule.group), rule, reason)
@@ -188,14 +198,16 @@ class Gate:
         try:
             # On the connections kept for writes: one COUNT query, asked so that the calls
             # waiting on it are refused or lined up promptly, never behind the reads in line
-            # (at most one at a time per table and filter, kept --partition-count-ttl).
-            reply = await self.pool.ask_for_write(
-                None,
-                "get_num_partitions_by_filter",
-                db_name=db,
-                tbl_name=table,
-                filter=filter_text,
-            )
+            # (one at a time per table and filter, kept --partition-count-ttl), and at most
+            # COUNTS_AT_ONCE of them, so that they never take the writes' share.
+            async with self._counting:
+                reply = await self.pool.ask_for_write(
+                    None,
+                    "get_num_partitions_by_filter",
+                    db_name=db,
+                    tbl_name=table,
+                    filter=filter_text,
+                )
             count = None
             if reply.header.type == MessageType.REPLY:
                 count = idl.decode_result("get_num_partitions_by_filter", reply.body).success
@@ -219,8 +231,10 @@ def _rated(method: str) -> bool:
 
 
 def _set_ugi_user(args: bytes) -> str:
+    if len(args) > SET_UGI_DECODED:
+        return ""  # (kept as no user: a name is a few dozen bytes)
     try:
-        user = idl.decode(idl.args_class("set_ugi"), args).user_name
+        user = idl.decode_args("set_ugi", args).user_name
     except ProtocolError:
         return ""
     return user if isinstance(user, str) else ""

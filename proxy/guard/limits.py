@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import os
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,7 +92,12 @@ def parse(text: str) -> tuple[Rule, tuple[Group, ...]]:
         raise LimitsError(f"unknown sections {sorted(unknown)} (default, groups)")
     default = _rule("default", data.get("default", {}))
     groups = []
-    for name, body in (data.get("groups") or {}).items():
+    sections = data.get("groups") or {}
+    if not isinstance(sections, dict):
+        raise LimitsError("groups: a table of groups expected ([groups.NAME])")
+    for name, body in sections.items():
+        if name == "default":
+            raise LimitsError("groups.default: the name of the rule for no group ([default])")
         if not isinstance(body, dict):
             raise LimitsError(f"groups.{name}: a table expected")
         body = dict(body)
@@ -121,7 +128,8 @@ def _rule(name: str, body: Any) -> Rule:
     for key in ("calls_per_second", "partitions_per_second", "burst_seconds"):
         if key in body:
             value = body[key]
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not number or not math.isfinite(value) or value < 0:
                 raise LimitsError(f"{name}.{key}: a number, 0 or more")
             values[key] = float(value)
     if values.get("burst_seconds", 1.0) <= 0:
@@ -181,6 +189,7 @@ class Limits:
         self._next_look = 0.0
         self.active = False  # any rule limits anything
         self.counts_hits = False  # any rule counts hits
+        self.watchers: list[Callable[[], None]] = []  # told when the rules change
         if self.path is not None:
             self.reload(initial=True)
 
@@ -223,6 +232,8 @@ class Limits:
         self.active = any(r.limits for r in rules)
         self.counts_hits = any(r.limits and r.count_hits for r in rules)
         self._buckets.clear()  # (rates changed: every tenant starts with a full bucket)
+        for watcher in self.watchers:
+            watcher()
 
     def look(self, now: float) -> None:
         """Read the file again if it changed, at most every CHECK_EVERY seconds."""

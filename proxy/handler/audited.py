@@ -1,12 +1,19 @@
 """Who asked what, for the audit log (:mod:`proxy.audit`), at each place a call is answered:
 the awaited way (:meth:`.CallHandler.handle`), a hit or a forward answered at once, an
 ``Again``. Only made when ``--audit-log`` is on; each place asks it with what it already
-holds (a plan's table, the reply it wrote), so a hit is not decoded to be logged."""
+holds (a plan's table, the reply it wrote), so a hit is not decoded to be logged.
+
+Each runs after its call was answered and counted, often in a socket's callback: whatever
+goes wrong in one is logged (at most once a minute) and swallowed, never the call's or its
+connection's end."""
 
 from __future__ import annotations
 
+import functools
+import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec
 
 from proxy.audit import AuditLog, partitions_in
 from proxy.cache.keys import TableRef
@@ -15,6 +22,24 @@ from proxy.guard.gate import Gate, address_of
 from proxy.handler.again import Again
 from proxy.handler.session import SessionState, peer_name
 from proxy.wire.framing import Message, Transport
+
+log = logging.getLogger(__name__)
+P = ParamSpec("P")
+_quiet_until = [0.0]
+
+
+def _guarded(record: Callable[P, None]) -> Callable[P, None]:
+    @functools.wraps(record)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            record(*args, **kwargs)
+        except Exception:
+            now = time.monotonic()
+            if now >= _quiet_until[0]:
+                _quiet_until[0] = now + 60
+                log.exception("audit log: a call's line was not made")
+
+    return guarded
 
 
 class CallAudit:
@@ -28,6 +53,7 @@ class CallAudit:
             return None, name.rsplit(":", 1)[0]
         return self.gate.user(session), address_of(session)
 
+    @_guarded
     def handled(
         self,
         session: SessionState,
@@ -62,6 +88,27 @@ class CallAudit:
             took,
         )
 
+    @_guarded
+    def forwarded(
+        self, session: SessionState, message: Message, reply: bytes, outcome: str, took: float
+    ) -> None:
+        """A call only forwarded, answered as its reply arrived (a ``Flight``)."""
+        where = table_named(message)
+        db, _, table = where.partition(".") if where else (None, "", "")
+        name = message.header.name
+        self.log.record(
+            *self.who(session),
+            name,
+            db,
+            table or None,
+            partitions_in(name, reply),
+            len(reply),
+            outcome,
+            "none",
+            took,
+        )
+
+    @_guarded
     def answered(
         self,
         session: SessionState | None,
@@ -88,6 +135,7 @@ class CallAudit:
             took,
         )
 
+    @_guarded
     def again(
         self, session: SessionState | None, transport: Any, again: Again, started: float
     ) -> None:

@@ -27,7 +27,7 @@ from proxy.cache.engine import CacheEngine
 from proxy.cache.l1 import Item
 from proxy.cache.plan import ReadPlan
 from proxy.catalog import Kind, MethodSpec
-from proxy.guard.calls import PARTITION_READS, table_named
+from proxy.guard.calls import PARTITION_READS
 from proxy.guard.gate import Gate
 from proxy.handler import again
 from proxy.handler.again import Again
@@ -120,18 +120,18 @@ class CallHandler:
             elif spec is not None and spec.kind is Kind.SESSION:
                 outcome = await self.identities.pinned_call(session, message, client)
             elif spec is not None and spec.kind is Kind.CACHEABLE_READ and self.cache is not None:
-                refused = self.gate.charge_hit(session, message)
-                if refused is not None:  # (a rule that counts hits, its bucket empty)
-                    outcome = await refuse(self.gate, client, refused)
-                else:
-                    plan = self.plan_of(session, message, spec)
-                    try:
+                try:
+                    refused = self.gate.charge_hit(session, message)
+                    if refused is not None:  # (a rule that counts hits, its bucket empty)
+                        outcome = await refuse(self.gate, client, refused)
+                    else:
+                        plan = self.plan_of(session, message, spec)
                         served = await cached_read(
                             self.cache, self.forwarder, session, message, client, spec, plan
                         )
-                    finally:
-                        session.charged = False
-                    outcome, source = served.outcome, served.source
+                        outcome, source = served.outcome, served.source
+                finally:
+                    session.charged = False
             elif self.writes is not None and header.name in locks.LOCK_METHODS:
                 outcome = await self.writes.locking(session, message, client, spec)
             elif self.writes is not None and (spec is None or spec.kind is Kind.WRITE):
@@ -262,19 +262,7 @@ class CallHandler:
         self, session: SessionState, message: Message, reply: bytes, outcome: str, took: float
     ) -> None:
         assert self.audit is not None
-        where = table_named(message)
-        db, _, table = where.partition(".") if where else (None, "", "")
-        self.audit.log.record(
-            *self.audit.who(session),
-            message.header.name,
-            db,
-            table or None,
-            None,
-            len(reply),
-            outcome,
-            "none",
-            took,
-        )
+        self.audit.forwarded(session, message, reply, outcome, took)
 
     def serve_hit_now(
         self,

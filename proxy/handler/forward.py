@@ -33,7 +33,7 @@ from proxy.upstream import (
 from proxy.upstream.admission import ANONYMOUS
 from proxy.upstream.errors import ReplyTooLarge, UpstreamProtocolError, started
 from proxy.upstream.hazards import spoils_connection
-from proxy.upstream.relay import OnReply, result_outcome, send
+from proxy.upstream.relay import UNREFUSED_REPLY_BYTES, OnReply, result_outcome, send
 from proxy.wire.binary import (
     AppErrorType,
     MessageType,
@@ -165,7 +165,7 @@ class Forwarder:
                     lane=admitted.lane,
                 ) as conn:
                     return await self._exchange(
-                        conn, request, message, relay_to, oneway, keep, first
+                        conn, request, message, relay_to, oneway, keep, first, write=write
                     )
             except ReplyTooLarge as exc:
                 # (Its connection was closed with its reply half read; not sent again.)
@@ -205,9 +205,11 @@ class Forwarder:
         oneway: bool,
         keep: OnReply | None,
         sent: Sent | None = None,
+        *,
+        write: bool = False,
     ) -> str | Message:
         """Send ``request`` on ``conn`` (unless it was ``sent``) and relay (or return) the
-        reply."""
+        reply (a ``write``'s whatever its size: the metastore applied it)."""
         header = message.header
         if spoils_connection(message):
             conn.spoilt = True  # closed after this call, not given to another
@@ -227,6 +229,7 @@ class Forwarder:
             keep,
             hold_exception=bridgeable and client is not None,
             sent=sent,
+            write=write,
         )
         if not isinstance(result, Message):
             return result
@@ -301,6 +304,7 @@ class Forwarder:
         *,
         hold_exception: bool = False,
         sent: Sent | None = None,
+        write: bool = False,
     ) -> str | Message:
         """One exchange on ``conn``, counted under the method the metastore was sent."""
         label = method_label(name)
@@ -322,6 +326,7 @@ class Forwarder:
                 on_reply=keep,
                 hold_exception=hold_exception,
                 deadline=sent.deadline if sent is not None else None,
+                limit=UNREFUSED_REPLY_BYTES if write else None,
             )
         except UpstreamError as exc:
             self.metrics.upstream_requests.labels(label, exc.outcome).inc()

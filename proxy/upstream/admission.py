@@ -132,9 +132,6 @@ class _Line:
             del tenants[waiter.tenant]
             tenants[waiter.tenant] = waiters
 
-    def tenants(self) -> int:
-        return len(self._tenants)
-
 
 class Admission:
     """The connections open (idle or in use, and those being opened), those held by reads

@@ -29,6 +29,7 @@ from proxy.sasl.stream import (
 )
 from proxy.upstream.connection import Identity
 from proxy.upstream.errors import UpstreamAuthFailed
+from proxy.upstream.relay import UNREFUSED_REPLY_BYTES
 from proxy.upstream.tokens import TokenBroker
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,9 @@ class KerberosUpstream:
         self.principal = options.upstream_principal
         self.qops: Sequence[Qop] = [Qop(q) for q in options.sasl_qop]
         self.tokens: TokenBroker | None = None  # set for --upstream-identity end-user
-        self.max_frame = options.max_reply_bytes + FRAME_SLACK
+        # A frame may carry a reply past --max-reply-bytes: the reply's reader says so (a
+        # clear error to a client, or a write's reply taken whole), not the frame's.
+        self.max_frame = max(options.max_reply_bytes, UNREFUSED_REPLY_BYTES) + FRAME_SLACK
         self._offered_logged = False
 
     @property

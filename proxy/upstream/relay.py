@@ -26,6 +26,10 @@ from proxy.wire.errors import MessageTooLarge, ProtocolError
 from proxy.wire.framing import Message, Transport
 
 READ_SIZE = 256 * 1024
+# What the proxy reads of a reply it must take whatever its size: a write's (applied by the
+# metastore: refusing its reply would tell the client a done write failed), and its own
+# calls' (a page of the notification log). The old --max-reply-bytes default, doubled.
+UNREFUSED_REPLY_BYTES = 1 << 30
 # Replies up to this size are kept (for the cache) before they go out (a few hundred
 # microseconds at most); bigger ones after, off the client's clock.
 STORE_BEFORE_REPLY_BYTES = 256 * 1024
@@ -121,7 +125,7 @@ async def exchange(
 ) -> Message:
     """Send one call and read its whole reply (for the proxy's own small calls)."""
     await send(conn, request, timeout)
-    reply = await read_reply(conn, name, seqid, timeout)
+    reply = await read_reply(conn, name, seqid, timeout, limit=UNREFUSED_REPLY_BYTES)
     if conn.replies.buffered:
         raise UpstreamProtocolError("metastore sent bytes after its reply")
     return reply
@@ -133,13 +137,30 @@ async def read_reply(
     seqid: int,
     timeout: float,
     deadline: float | None = None,
+    *,
+    limit: int | None = None,
 ) -> Message:
     """The whole reply to the call ``name``/``seqid`` on ``conn``, each wait for bytes
     bounded by ``timeout`` (the first by ``deadline`` if given, in the loop's time: a call
     whose wait began before, see :mod:`proxy.handler.flight`; its reply may have begun in
     ``conn.replies``). A reply longer than the connection's limit (``conn.replies.max_size``,
-    ``--max-reply-bytes``) raises :class:`ReplyTooLarge` as soon as that shows, holding no
-    more of it than the limit."""
+    ``--max-reply-bytes``; ``limit`` instead, for this reply, when given: a reply that must
+    be taken whatever its size) raises :class:`ReplyTooLarge` as soon as that shows,
+    holding no more of it than the limit."""
+    reader = conn.replies
+    if limit is None:
+        return await _read_reply(conn, name, seqid, timeout, deadline)
+    usual = reader.max_size
+    reader.max_size = limit
+    try:
+        return await _read_reply(conn, name, seqid, timeout, deadline)
+    finally:
+        reader.max_size = usual
+
+
+async def _read_reply(
+    conn: UpstreamConnection, name: str, seqid: int, timeout: float, deadline: float | None
+) -> Message:
     reader = conn.replies
     reader.keep = True
     got_bytes = reader.buffered > 0
@@ -175,6 +196,7 @@ async def relay(
     on_reply: OnReply | None = None,
     hold_exception: bool = False,
     deadline: float | None = None,
+    limit: int | None = None,
 ) -> str | Message:
     """Read one reply from ``conn`` whole (:func:`read_reply`), then send it to ``client``,
     or return it (no ``client``).
@@ -188,10 +210,10 @@ async def relay(
     ``on_reply`` gets the whole reply; it runs before the reply is sent when the reply is
     small (so the client's next call can already hit), after it otherwise. With
     ``hold_exception``, an ``EXCEPTION`` reply is not sent but returned whole, for the
-    caller to look at (the bridge for removed methods, :mod:`proxy.bridge`). ``deadline``:
-    as for :func:`read_reply`.
+    caller to look at (the bridge for removed methods, :mod:`proxy.bridge`). ``deadline``
+    and ``limit``: as for :func:`read_reply`.
     """
-    whole = await read_reply(conn, name, seqid, timeout, deadline)
+    whole = await read_reply(conn, name, seqid, timeout, deadline, limit=limit)
     kind = whole.header.type
     if client is None or (hold_exception and kind == MessageType.EXCEPTION):
         return whole
@@ -201,4 +223,5 @@ async def relay(
     await client.send(client.transport.frame(whole.data))
     if on_reply is not None and not small:
         await on_reply(whole)
-    return result_outcome(kind, whole.body[:3])
+    start = whole.header.length  # (the result's first bytes, not a copy of the body)
+    return result_outcome(kind, whole.data[start : start + 3])

@@ -130,3 +130,17 @@ def test_partitions_are_read_off_the_replys_first_bytes() -> None:
     )
     assert partitions_in("get_partitions", error) is None
     assert partitions_in("get_table", plain) is None
+
+
+def test_a_rotation_that_fails_loses_lines_not_the_proxy(tmp_path: Path) -> None:
+    path = tmp_path / "audit.log"
+    audit = AuditLog(str(path), max_bytes=100, backups=1)
+    audit.record("u", "a", "get_table", "db", "t", None, 10, "ok", "hit", 0.001)
+    backup = tmp_path / "audit.log.1"
+    backup.mkdir()  # (the rename onto it fails)
+    backup.joinpath("x").write_text("")
+    audit.flush()  # wrote, then could not rotate: logged, not raised
+    audit.record("u", "a", "get_table", "db", "t2", None, 10, "ok", "hit", 0.001)
+    audit.flush()  # the file opened again: written
+    audit.close()
+    assert [line["table"] for line in lines(path)] == ["t", "t2"]

@@ -16,8 +16,9 @@ from proxy.guard import gate, limits
 from proxy.guard.answers import PARTITION_LIMIT_SETTING
 from proxy.handler import SessionState
 from proxy.upstream.admission import Lane
+from tests.unit.helpers import fed
 from tests.unit.inprocess import Client, request, rig
-from tests.unit.scripted_hms import Slow, result_of, until
+from tests.unit.scripted_hms import Slow, reply_message, result_of, until
 from tests.unit.test_pool import done_after_turns, pool_on
 
 DB, T, BIG = "db", "t", "big"
@@ -387,5 +388,102 @@ def test_a_rule_that_counts_hits_refuses_hits_too_and_reads_the_file_again(
             clock.now += limits.CHECK_EVERY
             r.handler.gate.limits.look(clock.now)
             assert r.handler.gate.limits.groups[0].rule.calls_per_second == 100
+
+    asyncio.run(run())
+
+
+def test_a_caller_over_its_rate_costs_the_metastore_no_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Clock(monkeypatch)
+
+    async def run() -> None:
+        async with rig(cache=False, limits_file=limits_file(tmp_path), heavy_partitions=5) as r:
+            r.hms.add_table(DB, T, *DAYS)
+            adhoc = SessionState("10.1.2.3:5000")
+            replies = [
+                await r.call(
+                    adhoc,
+                    "get_partitions_by_filter",
+                    seqid,
+                    db_name=DB,
+                    tbl_name=T,
+                    filter=f'ds = "{DAYS[seqid]}"',
+                    max_parts=-1,
+                )
+                for seqid in range(6)
+            ]
+            assert [meta_error(reply) is None for reply in replies] == [True] * 2 + [False] * 4
+            # The table's count, and the two filters let through: none for the refused.
+            assert r.hms.calls["get_num_partitions_by_filter"] == 3
+
+    asyncio.run(run())
+
+
+def test_a_refused_hit_leaves_the_next_call_charged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Clock(monkeypatch)
+    path = limits_file(tmp_path, LIMITS + "count_hits = true\n")
+
+    async def run() -> None:
+        async with rig(cache=True, limits_file=path) as r:
+            r.hms.add_table(DB, T)
+            adhoc = SessionState("10.1.2.3:5000")
+            for seqid in (1, 2, 3):  # a miss, a hit, then refused
+                await r.call(adhoc, "get_table", seqid, dbname=DB, tbl_name=T)
+            assert not adhoc.charged
+            # A read the cache does not answer is charged as a call: refused too.
+            reply = await r.call(adhoc, "get_all_functions", 4)
+            assert "hms-cache-proxy" in str(meta_error(reply))
+            assert r.hms.calls["get_all_functions"] == 0
+
+    asyncio.run(run())
+
+
+def test_a_writes_reply_over_the_limit_is_relayed_whole(tmp_path: Path) -> None:
+    """The metastore applied the write: its reply is the client's, whatever its size (a
+    refusal would tell it a done write failed)."""
+
+    async def run() -> None:
+        async with rig(cache=True, max_reply_bytes=16 << 10) as r:
+            r.hms.add_table(DB, T)
+            parts = [
+                idl.module().Partition(values=[f"{i:05d}"], dbName=DB, tableName=T)
+                for i in range(2000)
+            ]
+            big = reply_message(
+                "add_partitions_req",
+                1,
+                idl.result_class("add_partitions_req")(
+                    success=idl.module().AddPartitionsResult(partitions=parts)
+                ),
+            )
+            assert len(big) > 16 << 10
+            r.hms.raw_replies["add_partitions_req"] = lambda seqid: big
+            request = idl.module().AddPartitionsRequest(
+                dbName=DB, tblName=T, parts=parts[:1], ifNotExists=False, needResult=True
+            )
+            reply = await r.call(SessionState("a:1"), "add_partitions_req", 1, request=request)
+            assert reply == big
+
+    asyncio.run(run())
+
+
+def test_counting_hits_turns_answers_at_once_off_on_open_connections(tmp_path: Path) -> None:
+    path = Path(limits_file(tmp_path))
+
+    async def run() -> None:
+        async with fed(limits_file=str(path)) as (r, server, connection):
+            open_one = connection()
+            protocol = open_one.transport.get_protocol()
+            assert protocol.at_once
+            path.write_text(LIMITS + "count_hits = true\n")
+            r.handler.gate.limits.reload()
+            assert not protocol.at_once and not server.protocol(asyncio.get_running_loop()).at_once
+            path.write_text(LIMITS)
+            r.handler.gate.limits.reload()
+            assert protocol.at_once
+            await open_one.end()
 
     asyncio.run(run())
