@@ -184,7 +184,8 @@ class ReplyStream:
 
     Up to ``hold_limit`` bytes it holds the reply and rewrites it whole (:func:`reply`), as
     most replies are. A bigger one, which only ``get_table_objects_by_name`` of a large
-    database makes, is streamed instead, so that it never sits in memory: the new header
+    database makes, is rewritten piece by piece (it arrives whole since issue 42, and is
+    rewritten without a second whole copy): the new header
     goes out, then the list's bytes as each table in it is complete (the message scanner
     finds their ends), then the old result's STOP; whatever follows the list in the
     ``_req`` result struct is read, checked and dropped, as in :func:`reply`.

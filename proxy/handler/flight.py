@@ -123,7 +123,7 @@ class Flight:
         replies.feed(data)
         if replies.buffered > STORE_BEFORE_REPLY_BYTES:
             self.heard = self.loop.time()
-            self._let_go()  # a big reply: streamed the ordinary way, with backpressure
+            self._let_go()  # a big reply: read whole the ordinary way (checked for size)
             return
         try:
             whole = replies.complete()

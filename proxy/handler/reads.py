@@ -2,8 +2,8 @@
 call, its channel, and the way to the metastore.
 
 Replies the cache serves are the metastore's bytes with the caller's seqid patched in; a
-reply fetched from the metastore is streamed to the client while it is kept, and stored
-before its last piece goes out when it is small (so the client's next call can already hit).
+reply fetched from the metastore is read whole, then sent and kept; stored before it goes out
+when it is small (so the client's next call can already hit).
 
 While the freshness check wants a hit (``proxy.cache.sampling``), the read is watched: the
 first one the cache answers is handed to it, with what it was sent.

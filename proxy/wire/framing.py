@@ -6,8 +6,9 @@ message, so the only way to find its end is to walk the struct inside it; that i
 scanner's job, and it is done once per byte however the message is cut into reads.
 
 :class:`MessageReader` is fed bytes and hands out either whole messages (requests, and replies
-the proxy keeps) or, for replies streamed to a client, the bytes of the message in progress
-as they arrive, dropping them once taken so a 100 MB reply never sits in memory.
+the proxy keeps, and every reply since issue 42: one is sent only once whole, so that one
+too big for a client is answered with an error) or the bytes of the message in progress as
+they arrive, dropping them once taken (a bridged reply rewritten as it comes).
 """
 
 from __future__ import annotations
