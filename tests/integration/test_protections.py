@@ -56,8 +56,10 @@ def huge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MetastoreSe
 
 
 def load(
-    server: MetastoreServer, proxy: ProxyProcess, heavy: int, seconds: float = 8
+    server: MetastoreServer, proxy: ProxyProcess, heavy: int, seconds: float = 10
 ) -> LoadResult:
+    """The load of tests/rig/protection_load.py: 50 small callers, a call every half second
+    each (~1,000 calls a run: the p99 is the tenth slowest, not the fourth)."""
     assert server.process is not None
     process = server.process
     return run_load(
@@ -70,6 +72,7 @@ def load(
         heavy=heavy,
         small=50,
         seconds=seconds,
+        pause=0.5,
     )
 
 
@@ -102,7 +105,7 @@ def test_one_users_whole_table_fetches_are_refused_and_everyone_else_is_served_a
     assert counts == 1  # one COUNT query for the twenty (kept --partition-count-ttl)
     # Everyone else: nothing failed, and no slower than in a quiet run.
     for run in (quiet, loaded):
-        assert set(run.small_outcomes) == {"ok"} and len(run.small) > 200
+        assert set(run.small_outcomes) == {"ok"} and len(run.small) > 500
     assert loaded.p99() <= 2 * quiet.p99(), (loaded.p99(), quiet.p99())
     # The metastore never built the 52 MB replies: its heap is where the quiet run left it.
     assert loaded.heap_peak <= quiet.heap_peak + HEAP_BOUND, (loaded.heap_peak, quiet.heap_peak)
