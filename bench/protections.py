@@ -66,6 +66,10 @@ def main() -> None:
         proxy.start()
         try:
             assert hms.process is not None
+            pid = hms.process.pid
+            # Warm first (connections made, code compiled), as a metastore in service is.
+            run_load(proxy.port, pid, lambda: True, BENCH_DB, HUGE, SMALL, heavy=0,
+                     small=args.small, seconds=5, pause=args.pause)  # fmt: skip
             result = run_load(
                 proxy.port,
                 hms.process.pid,
