@@ -10,6 +10,7 @@ errors) is recorded side by side in docs/reliability.md (bench/protections.py)."
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -172,3 +173,43 @@ def test_heavy_calls_go_one_at_a_time_and_a_reply_too_big_is_a_clear_error_sent_
     with client(server.host, server.port) as c:  # (the table is as it was)
         assert c.get_num_partitions_by_filter(DB, HUGE, "") == PARTITIONS
         assert isinstance(c.get_table(DB, HUGE), t.Table)
+
+
+def test_a_users_rate_and_the_audit_log_on_a_real_metastore(
+    huge: tuple[MetastoreServer, BulkTable], tmp_path: Path
+) -> None:
+    """A group's calls per second refuse a user's misses past its bucket while its hits stay
+    free, and every call, hits answered at once included, is a line of the audit log."""
+    server, _ = huge
+    limits = tmp_path / "limits.toml"
+    limits.write_text('[groups.adhoc]\nusers = ["analyst0"]\ncalls_per_second = 1\n')
+    audit = tmp_path / "audit.log"
+    args = ["--limits-file", str(limits), "--audit-log", str(audit), "--log-level", "warning"]
+    proxy = ProxyProcess(tmp_path, server.uri, *args).start()
+    try:
+        c = Client(proxy.port, "analyst0", 60)
+        try:
+            got = [c.call("get_table", dbname=DB, tbl_name=SMALL[0]) for _ in range(4)]
+            got.append(c.call("get_table", dbname=DB, tbl_name=SMALL[1]))
+        finally:
+            c.close()
+        refused = proxy.metric("hmsproxy_refused_calls_total", reason="calls_rate", group="adhoc")
+    finally:
+        proxy.stop()  # (the audit log's last lines written)
+    assert [outcome for outcome, _, _ in got] == ["ok"] * 4 + ["refused"]
+    assert "user analyst0 (group adhoc) is over its 1 calls per second" in got[-1][1]
+    assert refused == 1
+    lines = [json.loads(line) for line in audit.read_text().splitlines()]
+    calls = [line for line in lines if line["method"] == "get_table"]
+    assert [(line["cache"], line["outcome"]) for line in calls] == [
+        ("miss", "ok"),
+        ("hit", "ok"),
+        ("hit", "ok"),
+        ("hit", "ok"),
+        ("miss", "refused"),
+    ]
+    assert {(line["user"], line["address"], line["db"]) for line in calls} == {
+        ("analyst0", "127.0.0.1", DB)
+    }
+    assert [line["table"] for line in calls] == [SMALL[0]] * 4 + [SMALL[1]]
+    assert all(line["bytes"] > 0 for line in calls)
