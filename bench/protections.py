@@ -7,7 +7,7 @@ A real HMS 2.3.10 (``--heap``, 768m as the tests run it) with ``bench.huge`` of
 runs through a proxy with the cache off (so every call reaches the metastore): quiet (the
 small callers alone), protected (the heavy line, one at a time; the 100 MiB reply limit;
 a limit of 50,000 partitions a call), unprotected (as before issue 42: no limit, no heavy
-line, replies up to 2 GiB). Each loaded run: ``--heavy`` clients fetch the whole huge table
+line, replies up to 1 GiB). Each loaded run: ``--heavy`` clients fetch the whole huge table
 at once while ``--small`` clients of other users make small calls. Prints the metastore's
 heap peak, the small callers' p50 and p99, what the heavy fetches got, and whether the
 metastore survived (docs/reliability.md). The metastore is restarted before each run.
@@ -30,7 +30,7 @@ SMALL = [f"small{i}" for i in range(10)]
 
 PROTECTED = ["--max-partitions-per-call", "50000", "--heavy-max-concurrent", "1"]
 UNPROTECTED = [
-    "--max-partitions-per-call", "0", "--heavy-max-concurrent", "0", "--max-reply-bytes", "2GiB",
+    "--max-partitions-per-call", "0", "--heavy-max-concurrent", "0", "--max-reply-bytes", "1GiB",
 ]  # fmt: skip
 
 

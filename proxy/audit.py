@@ -11,7 +11,8 @@
 or a call across databases); ``partitions``: how many partition objects the reply holds
 (``null``: not a call for partitions); ``bytes``: the reply's size; ``outcome``: as
 ``hmsproxy_requests_total`` says it; ``cache``: ``hit`` (answered from the cache), ``miss``
-(a cacheable read the metastore answered) or ``none`` (not one the cache answers); ``ms``:
+(a cacheable read not answered from it: its outcome says how it went) or ``none`` (not one
+the cache answers); ``ms``:
 from the whole request to its reply written. Nothing else from a call is written: no
 argument values beyond the names, no tokens, no filters (they can hold literals).
 

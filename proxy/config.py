@@ -127,7 +127,9 @@ def parse_optional_path(text: Any) -> str | None:
 
 def parse_audit_target(text: Any) -> str | None:
     value = str(text).strip()
-    return None if value.lower() in ("", "none", "off") else value
+    if value.lower() in ("", "none", "off"):
+        return None
+    return "stdout" if value.lower() in ("stdout", "-") else value
 
 
 def parse_optional_principal(text: Any) -> str | None:
@@ -393,7 +395,7 @@ class Options:
         64,
         parse_count,
         "connections to the metastore at most (Hive's server runs 200 threads by default); "
-        "at the limit a call waits its turn, first come, first served, up to the read "
+        "at the limit a call waits its turn (round-robin across users), up to the read "
         "timeout; reads may hold all but an eighth, the rest is kept for writes",
         metavar="N",
     )
@@ -418,8 +420,9 @@ class Options:
     max_reply_bytes: int = _opt(
         100 << 20,
         parse_size,
-        "largest reply a client is sent: the 100 MiB Thrift 0.14+ clients take (Trino, "
-        "Spark 4, Hive 4; ~90,000 partitions of ~1.1 KB); a bigger one is answered with a "
+        "largest reply to a client's read: the 100 MiB Thrift 0.14+ clients take (Trino, "
+        "Spark 4, Hive 4; a partition is ~0.5 KB with 3 columns, ~1.1 KB with 20); a bigger "
+        "one is answered with a "
         "MetaException naming the table and the limit, not a connection cut mid-reply; "
         "replies are held whole before they are sent, at most this much per call",
         metavar="BYTES",
@@ -429,8 +432,9 @@ class Options:
         parse_count,
         "calls for partition objects that would return more are refused with the HMS's own "
         "MetaException for hive.metastore.limit.partition.request (counted by the metastore "
-        "before they are sent); 0: no limit. 100000 keeps one call within a client's "
-        "100 MiB; lower it to what your largest legitimate scan needs",
+        "before they are sent); 0: no limit. 100 MiB divided by your widest table's "
+        "partition size keeps a call within a client's limit (~90,000 at 1.1 KB); lower "
+        "it to what your largest legitimate scan needs",
         metavar="N",
     )
     heavy_partitions: int = _opt(
@@ -438,7 +442,8 @@ class Options:
         parse_count,
         "a call for partition objects returning more than this many (or that may: an "
         "expression over a bigger table) is heavy: it waits in a line of its own, limited "
-        "by --heavy-max-concurrent, so small calls never wait behind it",
+        "by --heavy-max-concurrent, so small calls never wait behind it; calls are costed "
+        "by a partition count asked of the metastore (see --partition-count-ttl); 0: off",
         metavar="N",
     )
     heavy_max_concurrent: int = _opt(
@@ -1020,6 +1025,10 @@ def load(
         folder = Path(options.audit_log).parent
         if not folder.is_dir() or not os.access(folder, os.W_OK):
             problems.append(f"audit_log: cannot write in {folder}")
+        elif Path(options.audit_log).is_dir():
+            problems.append(f"audit_log: {options.audit_log} is a directory, not a file")
+    if not 4 << 10 <= options.max_reply_bytes < 2 << 30:
+        problems.append("max_reply_bytes: from 4 KiB to under 2 GiB (Thrift's own bound)")
     if options.limits_file:
         from proxy.guard.limits import LimitsError, parse
 

@@ -40,6 +40,7 @@ from proxy.wire.errors import ProtocolError
 from proxy.wire.framing import Message
 
 COUNTS_AT_ONCE = 2  # partition counts at the metastore at once (see _count)
+SAY_EVERY = 10.0  # seconds between two log lines of refusals for one reason
 SET_UGI_DECODED = 64 * 1024  # set_ugi arguments read for a user name, at most
 
 if TYPE_CHECKING:  # (the handler package imports this module)
@@ -68,6 +69,7 @@ class Gate:
         self.counts = PartitionCounts(self._count, options.partition_count_ttl)
         self.limits = Limits(options.limits_file)
         self._counting = asyncio.Semaphore(COUNTS_AT_ONCE)
+        self._said = Said()
         self._users: BoundedMemo[bytes, str] = BoundedMemo(4096, 1 << 20)
 
     def user(self, session: SessionState) -> str | None:
@@ -158,7 +160,9 @@ class Gate:
         per_second = rule.calls_per_second if calls else rule.partitions_per_second
         what = "calls" if calls else "partitions"
         text = answers.rate_text(lane.tenant, rule.group, per_second, what)
-        log.info(
+        self._said.say(
+            reason,
+            logging.INFO,
             "%s (%s): refused %s: over %g %s/s",
             session.peer,
             lane.tenant,
@@ -181,7 +185,9 @@ class Gate:
             return None
         assert estimate.partitions is not None
         text = answers.partition_limit_text(estimate.partitions, read.where, self.max_per_call)
-        log.warning(
+        self._said.say(
+            "partitions_per_call",
+            logging.WARNING,
             "%s (%s): refused %s of %s: %d partitions, over --max-partitions-per-call %d",
             session.peer,
             lane.tenant,
@@ -217,6 +223,27 @@ class Gate:
         ok = isinstance(count, int)
         self.metrics.partition_counts.labels("ok" if ok else "failed").inc()
         return count if ok else None
+
+
+class Said:
+    """Refusals in the log, at most one line per reason every SAY_EVERY seconds (a client
+    retrying in a loop must not flood it; each is counted in the metrics and, with
+    --audit-log, has its line there), with how many were left unsaid before it."""
+
+    def __init__(self) -> None:
+        self._next: dict[str, float] = {}
+        self._unsaid: dict[str, int] = {}
+
+    def say(self, reason: str, level: int, text: str, *args: object) -> None:
+        now = time.monotonic()
+        if now < self._next.get(reason, 0.0):
+            self._unsaid[reason] = self._unsaid.get(reason, 0) + 1
+            return
+        self._next[reason] = now + SAY_EVERY
+        unsaid = self._unsaid.pop(reason, 0)
+        if unsaid:
+            text += f" (and {unsaid} more refused so since the last line)"
+        log.log(level, text, *args)
 
 
 def address_of(session: SessionState) -> str:

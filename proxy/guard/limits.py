@@ -163,7 +163,8 @@ class _Bucket:
             self.calls = min(rate_calls * burst, self.calls + elapsed * rate_calls)
         if parts:
             self.partitions = min(parts * burst, self.partitions + elapsed * parts)
-        if calls and rate_calls and self.calls < 1:
+        # (A bucket smaller than one call, below 1 call/s, lets a call through when full.)
+        if calls and rate_calls and self.calls < min(1.0, rate_calls * burst):
             return "calls_rate"
         # (More than the bucket holds passes when it is full, into debt.)
         if parts and partitions and self.partitions < min(partitions, parts * burst):

@@ -240,3 +240,19 @@ def test_a_configuration_that_sets_the_gone_forward_at_once_still_loads(tmp_path
     file.write_text('upstream = "thrift://file:1"\nforward_at_once = "off"\n')
     options = load({}, {}, file)  # (an upgrade must not stop a proxy from starting)
     assert options.forward_at_once == "off" and options.fast_paths == "on"
+
+
+def test_the_audit_log_and_the_reply_limit_are_checked_at_start(tmp_path: Path) -> None:
+    base = {"upstream": "thrift://hms:9083"}
+    assert load({**base, "audit_log": "-"}, {}).audit_log == "stdout"
+    assert load({**base, "audit_log": "STDOUT"}, {}).audit_log == "stdout"
+    assert load({**base, "audit_log": "off"}, {}).audit_log is None
+    for bad, says in (
+        ({"audit_log": str(tmp_path)}, "is a directory"),
+        ({"audit_log": "/nonexistent/dir/audit.log"}, "cannot write in"),
+        ({"max_reply_bytes": "10"}, "from 4 KiB"),
+        ({"max_reply_bytes": "2GiB"}, "under 2 GiB"),
+    ):
+        with pytest.raises(ConfigError) as raised:
+            load({**base, **bad}, {})
+        assert says in str(raised.value)

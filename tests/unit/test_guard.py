@@ -487,3 +487,34 @@ def test_counting_hits_turns_answers_at_once_off_on_open_connections(tmp_path: P
             await open_one.end()
 
     asyncio.run(run())
+
+
+def test_a_rate_under_one_call_a_second_lets_a_call_through_when_its_bucket_is_full(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = Clock(monkeypatch)
+    rules = limits.Limits(None)
+    slow = limits.Rule("slow", calls_per_second=0.5)
+    assert rules.take("t", slow, 0) is None
+    assert rules.take("t", slow, 0) == "calls_rate"
+    clock.now += 1.0  # (in debt by half a call: not yet)
+    assert rules.take("t", slow, 0) == "calls_rate"
+    clock.now += 1.0  # (full again: a call every 2 s is 0.5 a second)
+    assert rules.take("t", slow, 0) is None
+    assert rules.take("t", slow, 0) == "calls_rate"
+
+
+def test_refusals_are_logged_once_in_a_while_with_how_many_were_not(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock(monkeypatch)
+    said = gate.Said()
+    with caplog.at_level("INFO", logger="proxy.guard.gate"):
+        for _ in range(5):
+            said.say("calls_rate", 20, "refused %s", "x")
+        clock.now += gate.SAY_EVERY
+        said.say("calls_rate", 20, "refused %s", "y")
+    assert [r.getMessage() for r in caplog.records] == [
+        "refused x",
+        "refused y (and 4 more refused so since the last line)",
+    ]
