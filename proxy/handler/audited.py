@@ -67,8 +67,7 @@ class CallAudit:
     ) -> None:
         """A call answered the awaited way; ``client``'s counts of what it was sent."""
         name = message.header.name
-        where = table_named(message)
-        db, _, table = where.partition(".") if where else (None, "", "")
+        db, table = _named(message)
         head = getattr(client, "head", b"")
         if getattr(client, "transport", None) is Transport.FRAMED:
             head = head[4:]
@@ -80,7 +79,7 @@ class CallAudit:
             address,
             name,
             db,
-            table or None,
+            table,
             partitions_in(name, head) if size else None,
             size,
             outcome,
@@ -93,14 +92,13 @@ class CallAudit:
         self, session: SessionState, message: Message, reply: bytes, outcome: str, took: float
     ) -> None:
         """A call only forwarded, answered as its reply arrived (a ``Flight``)."""
-        where = table_named(message)
-        db, _, table = where.partition(".") if where else (None, "", "")
+        db, table = _named(message)
         name = message.header.name
         self.log.record(
             *self.who(session),
             name,
             db,
-            table or None,
+            table,
             partitions_in(name, reply),
             len(reply),
             outcome,
@@ -119,8 +117,10 @@ class CallAudit:
         cache: str,
         took: float,
         transport: Any = None,
+        size: int | None = None,
     ) -> None:
-        """A call answered at once (a hit, assembled or whole; a forward)."""
+        """A call answered at once (a hit, assembled or whole; a forward); ``reply``: its
+        bytes, or their start if ``size`` says how many there were."""
         user, address = self.who(session, transport)
         self.log.record(
             user,
@@ -129,7 +129,7 @@ class CallAudit:
             table.db if table is not None else None,
             table.table if table is not None else None,
             partitions_in(method, reply),
-            len(reply),
+            len(reply) if size is None else size,
             outcome,
             cache,
             took,
@@ -145,19 +145,24 @@ class CallAudit:
         if parts is None:
             return
         head, rest, outcome = parts
-        reply = head + b"\x00\x00\x00\x00" + rest[:64]
-        user, address = self.who(session, transport)
-        table = again.counted.table
-        method = again.counted.method
-        self.log.record(
-            user,
-            address,
-            method,
-            table.db if table is not None else None,
-            table.table if table is not None else None,
-            partitions_in(method, reply),
-            len(head) + 4 + len(rest),
+        counted = again.counted
+        self.answered(
+            session,
+            counted.method,
+            counted.table,
+            head + b"\x00\x00\x00\x00" + rest[:64],  # (enough to count its partitions)
             outcome,
             "hit",
             time.perf_counter() - started,
+            transport,
+            size=len(head) + 4 + len(rest),
         )
+
+
+def _named(message: Message) -> tuple[str | None, str | None]:
+    """The database and table a call names (``None``: none)."""
+    where = table_named(message)
+    if not where:
+        return None, None
+    db, _, table = where.partition(".")
+    return db, table or None

@@ -252,17 +252,11 @@ class CallHandler:
             pool.timeouts.read,
             look_at_exceptions=message.header.name in bridge.REPLACEMENTS,
             audit=(
-                functools.partial(self._forwarded_at_once, session, message)
+                functools.partial(self.audit.forwarded, session, message)
                 if self.audit is not None
                 else None
             ),
         )
-
-    def _forwarded_at_once(
-        self, session: SessionState, message: Message, reply: bytes, outcome: str, took: float
-    ) -> None:
-        assert self.audit is not None
-        self.audit.forwarded(session, message, reply, outcome, took)
 
     def serve_hit_now(
         self,
